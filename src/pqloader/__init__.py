@@ -1,0 +1,39 @@
+"""pqloader: feed PyTorch training from large sharded Parquet datasets.
+
+Shuffled across files, exactly once per epoch over ranks and workers, in bounded memory.
+"""
+
+from ._dataset import ParquetDataset
+from ._errors import (
+    ColumnNotFoundError,
+    CorruptFileError,
+    DataError,
+    DatasetNotFoundError,
+    EmptyDatasetError,
+    InvalidArgumentError,
+    LoaderTimeoutError,
+    PQLoaderError,
+    SchemaMismatchError,
+)
+from ._loader import DataLoader
+from ._torch import TorchIterable
+from ._write import write_dataset
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ColumnNotFoundError",
+    "CorruptFileError",
+    "DataError",
+    "DataLoader",
+    "DatasetNotFoundError",
+    "EmptyDatasetError",
+    "InvalidArgumentError",
+    "LoaderTimeoutError",
+    "PQLoaderError",
+    "ParquetDataset",
+    "SchemaMismatchError",
+    "TorchIterable",
+    "__version__",
+    "write_dataset",
+]

@@ -1,0 +1,78 @@
+"""The loader's settings: one frozen, validated value shared by the loader and its workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from ._errors import InvalidArgumentError, check_positive
+from ._world import World
+
+WorkerType = Literal["thread", "process"]
+DEFAULT_WINDOW_BYTES = 64 * 2**20  # per worker: the shuffle quality / memory knob's default
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """What decides an epoch's batches (the plan) and how they are made."""
+
+    batch_size: int
+    shuffle: bool = False
+    seed: int = 0
+    drop_last: bool = False
+    shuffle_window_rows: int | None = None
+    transform: Callable[..., Any] | None = None
+    collate_fn: Callable[..., Any] | None = None
+    world: World = World()
+
+    def __post_init__(self) -> None:
+        check_positive("batch_size", self.batch_size)
+        check_positive("seed", self.seed, allow_zero=True)
+        if self.shuffle_window_rows is not None:
+            check_positive("shuffle_window_rows", self.shuffle_window_rows)
+        for name in ("transform", "collate_fn"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise InvalidArgumentError(f"{name} must be callable, got {value!r}")
+
+    def window_rows(self, fragment_rows: np.ndarray, byte_size: np.ndarray) -> int:
+        """Rows per shuffle window: as set, else about 64 MiB of decoded data."""
+        if self.shuffle_window_rows is not None:
+            return self.shuffle_window_rows
+        rows = int(fragment_rows.sum())
+        bytes_per_row = max(1.0, float(byte_size.sum()) / max(1, rows))
+        return max(self.batch_size, int(DEFAULT_WINDOW_BYTES / bytes_per_row))
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How batches are delivered: the torch ``DataLoader`` knobs, with their meaning."""
+
+    num_workers: int = 2
+    worker_type: WorkerType = "thread"
+    prefetch_factor: int = 2
+    pin_memory: bool = False
+    timeout: float = 0.0
+    worker_init_fn: Callable[[int], Any] | None = None
+    persistent_workers: bool = False
+    multiprocessing_context: Any = None
+
+    def __post_init__(self) -> None:
+        check_positive("num_workers", self.num_workers, allow_zero=True)
+        check_positive("prefetch_factor", self.prefetch_factor)
+        if self.worker_type not in ("thread", "process"):
+            raise InvalidArgumentError(
+                f"worker_type must be 'thread' or 'process', got {self.worker_type!r}"
+            )
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \
+                or self.timeout < 0:
+            raise InvalidArgumentError(f"timeout must be seconds >= 0, got {self.timeout!r}")
+        if self.worker_init_fn is not None and not callable(self.worker_init_fn):
+            raise InvalidArgumentError(
+                f"worker_init_fn must be callable, got {self.worker_init_fn!r}"
+            )
+        if self.persistent_workers and self.num_workers == 0:
+            raise InvalidArgumentError("persistent_workers=True needs num_workers > 0")

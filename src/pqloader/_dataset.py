@@ -1,0 +1,154 @@
+"""ParquetDataset: the fragment index of a sharded dataset, map-style access, ``to_torch()``."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from ._discover import discover
+from ._errors import InvalidArgumentError
+from ._read import FragmentReader
+
+if TYPE_CHECKING:
+    from ._torch import TorchIterable
+
+_ROW_GROUP_CACHE = 4  # decoded row groups kept for map-style access
+
+
+class ParquetDataset:
+    """A directory, glob or list of Parquet files, seen as one table.
+
+    Args:
+        source: a directory (searched recursively; ``_*``, ``.*`` and ``*.crc`` are skipped,
+            hive ``key=value`` folders become columns), a glob, a file, or a list of these.
+        columns: the columns to read, in this order; all by default.
+
+    Footers are read in parallel when the dataset opens; no data is read until asked for.
+    Map-style access (``ds[i]``, ``ds.__getitems__(indices)``) makes the dataset work with
+    ``torch.utils.data.DataLoader`` and any sampler; for training throughput use
+    :class:`pqloader.DataLoader` or :meth:`to_torch`.
+    """
+
+    def __init__(self, source: Any, *, columns: Sequence[str] | None = None) -> None:
+        if isinstance(columns, str):
+            raise InvalidArgumentError(f"columns must be a list of names, got {columns!r}")
+        self._discovery = discover(source, columns)
+        self._reader = FragmentReader(self._discovery)
+        self._offsets = np.concatenate([[0], np.cumsum(self._discovery.num_rows)])
+        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"discovery": self._discovery}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._discovery = state["discovery"]
+        self._reader = FragmentReader(self._discovery)
+        self._offsets = np.concatenate([[0], np.cumsum(self._discovery.num_rows)])
+        self._cache = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- structure -------------------------------------------------------------------------
+    @property
+    def schema(self) -> pa.Schema:
+        """The unified Arrow schema of the projected columns."""
+        return self._discovery.schema
+
+    @property
+    def columns(self) -> dict[str, pa.DataType]:
+        """``{name: type}`` of the projected columns."""
+        return {f.name: f.type for f in self._discovery.schema}
+
+    @property
+    def files(self) -> list[str]:
+        return [f.path for f in self._discovery.files]
+
+    @property
+    def num_row_groups(self) -> int:
+        """Non-empty row groups (fragments) across all files."""
+        return len(self._discovery.num_rows)
+
+    @property
+    def fragment_rows(self) -> np.ndarray:
+        """Rows of each fragment, in index order (read-only)."""
+        rows = self._discovery.num_rows.view()
+        rows.flags.writeable = False
+        return rows
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{n}: {t}" for n, t in self.columns.items())
+        return (f"ParquetDataset({len(self):,} rows, {len(self.files)} files, "
+                f"{self.num_row_groups} row groups; {cols})")
+
+    # -- map-style access -------------------------------------------------------------------
+    def _fragment(self, fragment: int) -> pa.Table:
+        with self._lock:
+            table = self._cache.get(fragment)
+            if table is not None:
+                self._cache.move_to_end(fragment)
+                return table
+        table = self._reader.read(fragment)
+        with self._lock:
+            self._cache[fragment] = table
+            while len(self._cache) > _ROW_GROUP_CACHE:
+                self._cache.popitem(last=False)
+        return table
+
+    def _locate(self, indices: np.ndarray) -> np.ndarray:
+        n = len(self)
+        bad = (indices < -n) | (indices >= n)
+        if bad.any():
+            raise IndexError(f"row {int(indices[bad][0])} is out of range for {n} rows")
+        indices = np.where(indices < 0, indices + n, indices)
+        return np.searchsorted(self._offsets, indices, side="right") - 1
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not isinstance(index, (int, np.integer)):
+            raise TypeError(f"index must be an int, got {type(index).__name__}; "
+                            "use __getitems__ for a list of rows")
+        return self.__getitems__([int(index)])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Rows as dicts, in the order asked; each needed row group is read once."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size == 0:
+            return []
+        n = len(self)
+        idx = np.where(idx < 0, idx + n, idx)
+        frags = self._locate(idx)
+        rows: list[dict[str, Any]] = [{}] * len(idx)
+        for frag in np.unique(frags):
+            where = np.flatnonzero(frags == frag)
+            local = idx[where] - self._offsets[frag]
+            part = self._fragment(int(frag)).take(pa.array(local)).to_pylist()
+            for i, row in zip(where, part):
+                rows[i] = row
+        return rows
+
+    # -- iteration --------------------------------------------------------------------------
+    def to_torch(self, *, batch_size: int, shuffle: bool = False, seed: int = 0,
+                 drop_last: bool = False, **options: Any) -> TorchIterable:
+        """A ``torch.utils.data.IterableDataset`` of batches, safe under torch's own workers.
+
+        Use it with ``torch.utils.data.DataLoader(it, batch_size=None, num_workers=N)``: it
+        splits the work by rank and by ``get_worker_info()``, so every row comes exactly once.
+        Other keywords (``transform``, ``collate_fn``, ``shuffle_window_rows``, ``rank``,
+        ``world_size``) mean what they mean for :class:`pqloader.DataLoader`.
+        """
+        from ._torch import TorchIterable
+
+        return TorchIterable(self, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                             drop_last=drop_last, **options)
+
+    @property
+    def reader(self) -> FragmentReader:
+        """The fragment reader (internal: used by the loader)."""
+        return self._reader

@@ -1,0 +1,243 @@
+"""Sources to fragments: expand paths, read every footer in parallel, unify the schema."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ._errors import (
+    ColumnNotFoundError,
+    CorruptFileError,
+    DatasetNotFoundError,
+    EmptyDatasetError,
+    SchemaMismatchError,
+)
+
+_GLOB_CHARS = set("*?[")
+_MAX_FOOTER_THREADS = 32
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One Parquet file: where it is, its footer and its hive partition values."""
+
+    path: str
+    metadata: pq.FileMetaData
+    partition: tuple[tuple[str, str | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What opening a source found: files, the fragment index and one schema."""
+
+    files: tuple[FileEntry, ...]
+    schema: pa.Schema  # projected, partition columns last
+    partition_schema: pa.Schema  # the hive partition columns (typed), possibly empty
+    # The fragment index: one entry a non-empty row group, in file then row-group order.
+    file_index: np.ndarray  # int32
+    row_group: np.ndarray  # int32
+    num_rows: np.ndarray  # int64
+    byte_size: np.ndarray  # int64, uncompressed bytes of the whole row group
+
+
+def _is_hidden(name: str) -> bool:
+    # The convention of Spark, Hive and pyarrow.dataset: _SUCCESS, _metadata, .crc are not data.
+    return name.startswith(("_", ".")) or name.endswith(".crc")
+
+
+def _walk(root: Path) -> list[Path]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
+        found.extend(Path(dirpath) / f for f in sorted(filenames) if not _is_hidden(f))
+    return found
+
+
+def expand_source(source: object) -> tuple[list[Path], Path | None]:
+    """Turn a directory, a glob, a file or a list of those into sorted files.
+
+    Returns the files and the root directory below which hive ``key=value`` folders are parsed
+    (``None`` when the source is not a single directory).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        text = os.fspath(source)
+        if "://" in text and not text.startswith("file://"):
+            raise DatasetNotFoundError(
+                f"{text}: remote URLs are not supported yet; copy the data to a local folder"
+            )
+        text = text.removeprefix("file://")
+        if _GLOB_CHARS & set(text):
+            files = [Path(p) for p in sorted(glob.glob(text, recursive=True))]
+            files = [p for p in files if p.is_file() and not _is_hidden(p.name)]
+            if not files:
+                raise EmptyDatasetError(f"{text}: the glob matches no file")
+            return files, None
+        path = Path(text)
+        if path.is_dir():
+            files = _walk(path)
+            if not files:
+                raise EmptyDatasetError(
+                    f"{path}: the directory holds no data file (names starting with '_' or '.' "
+                    "and '.crc' files are skipped)"
+                )
+            return files, path
+        if path.is_file():
+            return [path], None
+        raise DatasetNotFoundError(f"{path}: no such file or directory")
+    if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
+        if not source:
+            raise EmptyDatasetError("the list of files is empty; pass at least one path")
+        files = []
+        for item in source:
+            files.extend(expand_source(item)[0])
+        return files, None
+    raise TypeError(
+        f"source must be a path, a glob or a list of paths, got {type(source).__name__}"
+    )
+
+
+def _hive_partition(path: Path, root: Path | None) -> tuple[tuple[str, str | None], ...]:
+    if root is None:
+        return ()
+    parts = []
+    for part in path.relative_to(root).parent.parts:
+        key, sep, value = part.partition("=")
+        if sep and key:
+            decoded = unquote(value)
+            parts.append((key, None if decoded == "__HIVE_DEFAULT_PARTITION__" else decoded))
+    return tuple(parts)
+
+
+def _read_footer(path: Path) -> pq.FileMetaData:
+    try:
+        return pq.read_metadata(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorruptFileError(
+            f"{path}: not a readable Parquet file ({exc}); remove it or pass a glob that "
+            "matches only Parquet files"
+        ) from exc
+
+
+def _partition_schema(entries: Sequence[FileEntry]) -> pa.Schema:
+    keys = [k for k, _ in entries[0].partition]
+    for entry in entries[1:]:
+        other = [k for k, _ in entry.partition]
+        if other != keys:
+            raise SchemaMismatchError(
+                f"{entry.path}: hive partition folders {other} differ from {keys} in "
+                f"{entries[0].path}; every file must sit at the same partition depth"
+            )
+    fields = []
+    for i, key in enumerate(keys):
+        values = [e.partition[i][1] for e in entries]
+        present = [v for v in values if v is not None]
+        is_int = bool(present) and all(v.lstrip("-").isdigit() for v in present)
+        fields.append(pa.field(key, pa.int64() if is_int else pa.string()))
+    return pa.schema(fields)
+
+
+def same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Types equal up to the names of nested fields (Spark says 'element', pyarrow 'item')."""
+    if a.equals(b):
+        return True
+    list_kinds = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+    for is_kind in list_kinds:
+        if is_kind(a) and is_kind(b):
+            if pa.types.is_fixed_size_list(a) and a.list_size != b.list_size:
+                return False
+            return same_type(a.value_type, b.value_type)
+    return False
+
+
+def _unify(entries: Sequence[FileEntry], columns: Sequence[str] | None) -> pa.Schema:
+    first = entries[0]
+    base = first.metadata.schema.to_arrow_schema().remove_metadata()
+    names = list(base.names) if columns is None else list(columns)
+    for name in names:
+        if base.get_field_index(name) < 0:
+            raise ColumnNotFoundError(
+                f"column {name!r} is not in {first.path}; its columns are {base.names}"
+            )
+    fields = [base.field(n) for n in names]
+    for entry in entries[1:]:
+        schema = entry.metadata.schema.to_arrow_schema()
+        if columns is None:
+            extra = sorted(set(schema.names) - set(names))
+            if extra:
+                raise SchemaMismatchError(
+                    f"{entry.path} has column {extra[0]!r} that {first.path} lacks; "
+                    "pass columns=[...] to read the columns they share"
+                )
+        for field in fields:
+            i = schema.get_field_index(field.name)
+            if i < 0:
+                raise SchemaMismatchError(
+                    f"{entry.path} lacks column {field.name!r} that {first.path} has; "
+                    "pass columns=[...] to read the columns they share"
+                )
+            other = schema.field(i).type
+            if not same_type(field.type, other):
+                raise SchemaMismatchError(
+                    f"column {field.name!r} is {field.type} in {first.path} but {other} in "
+                    f"{entry.path}; cast it when writing, or leave it out with columns=[...]"
+                )
+    return pa.schema(fields)
+
+
+def discover(source: object, columns: Sequence[str] | None = None) -> Discovery:
+    """Open a source: list its files, read their footers in parallel, build the index."""
+    paths, root = expand_source(source)
+    workers = max(1, min(_MAX_FOOTER_THREADS, len(paths)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
+        footers = list(pool.map(_read_footer, paths))
+    entries = [
+        FileEntry(str(p), md, _hive_partition(p, root)) for p, md in zip(paths, footers)
+    ]
+    part_schema = _partition_schema(entries)
+    if columns is not None:
+        columns = list(columns)
+        if len(set(columns)) != len(columns):
+            raise ColumnNotFoundError(f"columns={columns} names a column twice")
+        file_cols = [c for c in columns if c not in part_schema.names]
+    else:
+        file_cols = None
+    schema = _unify(entries, file_cols)
+    for field in part_schema:
+        if schema.get_field_index(field.name) >= 0:
+            raise SchemaMismatchError(
+                f"column {field.name!r} is both a hive partition folder and a column in "
+                f"{entries[0].path}; rename one of them"
+            )
+    wanted = columns if columns is not None else [*schema.names, *part_schema.names]
+    full = pa.schema([*schema, *part_schema])
+    schema = pa.schema([full.field(n) for n in wanted])
+
+    file_index, row_group, num_rows, byte_size = [], [], [], []
+    for i, entry in enumerate(entries):
+        md = entry.metadata
+        for rg in range(md.num_row_groups):
+            meta = md.row_group(rg)
+            if meta.num_rows == 0:
+                continue
+            file_index.append(i)
+            row_group.append(rg)
+            num_rows.append(meta.num_rows)
+            byte_size.append(meta.total_byte_size)
+    return Discovery(
+        files=tuple(entries),
+        schema=schema,
+        partition_schema=part_schema,
+        file_index=np.asarray(file_index, dtype=np.int32),
+        row_group=np.asarray(row_group, dtype=np.int32),
+        num_rows=np.asarray(num_rows, dtype=np.int64),
+        byte_size=np.asarray(byte_size, dtype=np.int64),
+    )

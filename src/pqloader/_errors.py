@@ -1,0 +1,66 @@
+"""The exception tree: every error pqloader raises for bad input.
+
+::
+
+    PQLoaderError
+    ├── DatasetNotFoundError   (FileNotFoundError)  a path that does not exist
+    ├── EmptyDatasetError      (FileNotFoundError)  a directory or glob with no Parquet files
+    ├── CorruptFileError       (OSError)            not Parquet, truncated, or a corrupt page
+    ├── SchemaMismatchError    (ValueError)         two files disagree on a column
+    ├── ColumnNotFoundError    (KeyError)           a column asked for that the data lacks
+    ├── InvalidArgumentError   (ValueError)         an argument out of range
+    ├── DataError              (ValueError)         values no batch can hold (nulls in an int column)
+    └── LoaderTimeoutError     (TimeoutError)       no batch within ``timeout`` seconds
+
+Each message names the file, row group, column or argument at fault and says what to do.
+"""
+
+from __future__ import annotations
+
+
+class PQLoaderError(Exception):
+    """Base of every error pqloader raises for bad input or bad data."""
+
+
+class DatasetNotFoundError(PQLoaderError, FileNotFoundError):
+    """A path given as the source does not exist."""
+
+
+class EmptyDatasetError(PQLoaderError, FileNotFoundError):
+    """A directory, glob or list that holds no Parquet file."""
+
+
+class CorruptFileError(PQLoaderError, OSError):
+    """A file that is not Parquet, is truncated, or has a page that does not decode."""
+
+
+class SchemaMismatchError(PQLoaderError, ValueError):
+    """Two files of one dataset disagree on a column's presence or type."""
+
+
+class ColumnNotFoundError(PQLoaderError, KeyError):
+    """A column was asked for that the dataset does not have."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidArgumentError(PQLoaderError, ValueError):
+    """An argument out of its range (``batch_size=0``, ``rank >= world_size``, ...)."""
+
+
+class DataError(PQLoaderError, ValueError):
+    """Values that cannot become a batch, such as nulls in an integer column."""
+
+
+class LoaderTimeoutError(PQLoaderError, TimeoutError):
+    """No batch arrived within the loader's ``timeout`` seconds."""
+
+
+def check_positive(name: str, value: int, *, allow_zero: bool = False) -> int:
+    """Return ``value`` if it is a positive int (or zero when allowed), else raise naming it."""
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        bound = ">= 0" if allow_zero else ">= 1"
+        raise InvalidArgumentError(f"{name} must be an int {bound}, got {value!r}")
+    return value

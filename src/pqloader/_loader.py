@@ -1,0 +1,226 @@
+"""DataLoader: delivers one rank's planned batches through worker threads or processes."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.utils.data
+
+from ._config import LoaderConfig, WorkerConfig, WorkerType
+from ._errors import InvalidArgumentError, LoaderTimeoutError, check_positive
+from ._plan import RankPlan
+from ._torch import Planner, TorchIterable
+from ._world import resolve_world
+
+if TYPE_CHECKING:
+    from ._dataset import ParquetDataset
+
+_POLL_S = 0.1  # how often blocked threads look at the stop flag and at dead peers
+
+
+class DataLoader:
+    """Batches of torch tensors from a :class:`ParquetDataset`: sharded, shuffled, exactly once.
+
+    Every rank yields ``len(loader)`` batches; over all ranks and workers each row comes once per
+    epoch (without ``drop_last`` and with ``world_size > 1``, at most ``world_size - 1`` rows
+    repeat, as with torch's ``DistributedSampler``). The order is fixed by (dataset, seed, epoch,
+    rank, world_size, batch_size, num_workers, shuffle_window_rows).
+
+    Args:
+        dataset: the :class:`ParquetDataset` to read.
+        batch_size: rows per batch; only the rank's last batch may be shorter.
+        shuffle: mix rows: row groups in a seeded random order, then rows permuted inside
+            windows of ``shuffle_window_rows`` rows (default: about 64 MiB of decoded data).
+        seed: with the epoch, fixes the order. Every rank must pass the same seed.
+        num_workers: threads (default) or processes making batches; 0 makes them in the caller.
+        worker_type: ``"thread"`` (pyarrow decodes without the GIL; no copy between workers) or
+            ``"process"`` (torch's worker processes, for transforms that hold the GIL).
+        drop_last: drop the rank's last, short batch.
+        transform: ``transform(batch)`` or ``transform(batch, rng)`` on each batch dict, in the
+            workers; ``rng`` is a ``numpy.random.Generator`` seeded by (seed, epoch, rank,
+            batch position), so random augmentation is reproducible.
+        collate_fn: replaces the conversion to tensors: receives the ``pyarrow.RecordBatch``.
+        rank, world_size: this process's place; default: from ``torch.distributed`` if
+            initialised, else a single rank.
+        pin_memory, timeout, worker_init_fn, persistent_workers, prefetch_factor,
+        multiprocessing_context: as for ``torch.utils.data.DataLoader``; ``timeout`` (seconds,
+            0 = wait forever) raises :class:`pqloader.LoaderTimeoutError`.
+    """
+
+    def __init__(
+        self,
+        dataset: ParquetDataset,
+        *,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        num_workers: int = 2,
+        drop_last: bool = False,
+        transform: Callable[..., Any] | None = None,
+        collate_fn: Callable[..., Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        shuffle_window_rows: int | None = None,
+        worker_type: WorkerType = "thread",
+        pin_memory: bool = False,
+        timeout: float = 0.0,
+        worker_init_fn: Callable[[int], Any] | None = None,
+        persistent_workers: bool = False,
+        prefetch_factor: int = 2,
+        multiprocessing_context: Any = None,
+    ) -> None:
+        from ._dataset import ParquetDataset
+
+        if not isinstance(dataset, ParquetDataset):
+            raise InvalidArgumentError(
+                f"dataset must be a pqloader.ParquetDataset, got {type(dataset).__name__}"
+            )
+        self.config = LoaderConfig(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+            shuffle_window_rows=shuffle_window_rows, transform=transform,
+            collate_fn=collate_fn, world=resolve_world(rank, world_size),
+        )
+        self.workers = WorkerConfig(
+            num_workers=num_workers, worker_type=worker_type, prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory, timeout=timeout, worker_init_fn=worker_init_fn,
+            persistent_workers=persistent_workers,
+            multiprocessing_context=multiprocessing_context,
+        )
+        self.dataset = dataset
+        self._planner = Planner(dataset, self.config)
+        self._epoch = 0
+        self._torch_loader: torch.utils.data.DataLoader[Any] | None = None
+        self._pin = pin_memory and torch.cuda.is_available()
+        if pin_memory and not self._pin:
+            warnings.warn("pin_memory=True but no CUDA device is available: not pinning",
+                          stacklevel=2)
+
+    # -- the torch habits -------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next iteration follows (call it on every rank)."""
+        self._epoch = check_positive("epoch", epoch, allow_zero=True)
+
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch (the same on every rank)."""
+        return len(self._planner)
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = self._epoch
+        w = self.workers
+        if w.num_workers == 0:
+            plan = self._planner.plan(epoch, 1)
+            for batch in self._planner.batches(plan, 0, epoch):
+                yield self._pin_batch(batch)
+        elif w.worker_type == "thread":
+            yield from self._iter_threads(self._planner.plan(epoch, w.num_workers), epoch)
+        else:
+            yield from self._iter_processes(epoch)
+
+    # -- delivery ---------------------------------------------------------------------------
+    def _pin_batch(self, batch: Any) -> Any:
+        if not self._pin:
+            return batch
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return pin_memory(batch)
+
+    def _iter_threads(self, plan: RankPlan, epoch: int) -> Iterator[Any]:
+        n = self.workers.num_workers
+        stop = threading.Event()
+        queues: list[queue.Queue[tuple[str, Any]]] = [
+            queue.Queue(maxsize=self.workers.prefetch_factor) for _ in range(n)
+        ]
+
+        def put(w: int, item: tuple[str, Any]) -> bool:
+            while not stop.is_set():
+                try:
+                    queues[w].put(item, timeout=_POLL_S)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def run(w: int) -> None:
+            try:
+                if self.workers.worker_init_fn is not None:
+                    self.workers.worker_init_fn(w)
+                for batch in self._planner.batches(plan, w, epoch):
+                    if not put(w, ("batch", self._pin_batch(batch))):
+                        return
+                put(w, ("end", None))
+            except BaseException as exc:  # handed to the caller, who re-raises it
+                exc.add_note(f"in pqloader worker thread {w} (rank {self.config.world.rank}, "
+                             f"epoch {epoch})")
+                put(w, ("error", exc))
+
+        threads = [threading.Thread(target=run, args=(w,), name=f"pqloader-worker-{w}",
+                                    daemon=True) for w in range(n)]
+        for t in threads:
+            t.start()
+        try:
+            for k in range(plan.num_batches):
+                kind, item = self._get(queues[k % n], threads[k % n], k)
+                if kind == "error":
+                    raise item
+                if kind == "end":
+                    raise RuntimeError(f"pqloader worker {k % n} ended before batch {k}; "
+                                       "this is a bug in pqloader, please report it")
+                yield item
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=5)
+
+    def _get(self, q: queue.Queue[tuple[str, Any]], thread: threading.Thread,
+             k: int) -> tuple[str, Any]:
+        timeout = self.workers.timeout
+        waited = 0.0
+        while True:
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                waited += _POLL_S
+                if not thread.is_alive() and q.empty():
+                    raise RuntimeError(f"pqloader worker thread {thread.name} died before "
+                                       f"batch {k}") from None
+                if timeout and waited >= timeout:
+                    raise LoaderTimeoutError(
+                        f"no batch from {thread.name} within timeout={timeout} s (batch {k}); "
+                        "raise timeout= or look for a slow file system or transform"
+                    ) from None
+
+    def _iter_processes(self, epoch: int) -> Iterator[Any]:
+        loader = self._torch_loader
+        if loader is None:
+            w = self.workers
+            loader = torch.utils.data.DataLoader(
+                TorchIterable.from_planner(self._planner), batch_size=None, num_workers=w.num_workers,
+                pin_memory=self._pin, timeout=w.timeout, worker_init_fn=w.worker_init_fn,
+                persistent_workers=w.persistent_workers, prefetch_factor=w.prefetch_factor,
+                multiprocessing_context=w.multiprocessing_context,
+            )
+            if w.persistent_workers:
+                self._torch_loader = loader
+        loader.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
+        try:
+            yield from loader
+        except RuntimeError as exc:
+            if "timed out" not in str(exc):
+                raise
+            raise LoaderTimeoutError(
+                f"no batch from a worker process within timeout={self.workers.timeout} s; "
+                "raise timeout= or look for a slow file system or transform"
+            ) from exc

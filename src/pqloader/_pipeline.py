@@ -1,0 +1,129 @@
+"""One worker's stages: read a window -> permute -> cut batches -> to tensors -> transform.
+
+Each stage is a plain generator; :func:`worker_batches` composes them for one ``WorkerPlan``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ._collate import Kind, prepare, to_arrow, to_torch
+from ._plan import Window, WorkerPlan
+from ._read import FragmentReader
+
+Columns = dict[str, Any]  # name -> numpy array (numbers) or Arrow array
+
+
+@dataclass
+class _Loaded:
+    columns: Columns
+    order: np.ndarray  # the window's rows, in emission order
+    contiguous: bool  # order is 0..n-1: batches can be cut as slices
+
+
+def transform_arity(transform: Callable[..., Any] | None) -> int:
+    """1 for ``transform(batch)``, 2 for ``transform(batch, rng)``."""
+    if transform is None:
+        return 0
+    try:
+        params = inspect.signature(transform).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature
+        return 1
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+    return 2 if varargs or len(positional) >= 2 else 1
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Everything a worker needs besides its plan; picklable for worker processes."""
+
+    reader: FragmentReader
+    kinds: Mapping[str, Kind]
+    seed: int
+    transform: Callable[..., Any] | None = None
+    collate_fn: Callable[[pa.RecordBatch], Any] | None = None
+
+    def load(self, window: Window) -> _Loaded:
+        """Read a window's slices into one set of gatherable columns."""
+        tables = []
+        for s in window.slices:
+            table = self.reader.read(s.fragment)
+            tables.append(table.slice(s.start, s.num_rows))
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        keep_arrow = self.collate_fn is not None
+        columns = {
+            name: prepare(table.column(name), name, None if keep_arrow else self.kinds[name])
+            for name in table.column_names
+        }
+        return _Loaded(columns, window.order(), window.key is None)
+
+
+def _take(values: Any, idx: np.ndarray | slice) -> Any:
+    if isinstance(values, np.ndarray):
+        return values[idx]
+    if isinstance(idx, slice):
+        return values.slice(idx.start, idx.stop - idx.start)
+    return values.take(pa.array(idx))
+
+
+def _concat(parts: list[Any]) -> Any:
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    return pa.concat_arrays(parts)
+
+
+def _cut(loaded: Iterator[_Loaded], sizes: tuple[int, ...]) -> Iterator[Columns]:
+    """Cut the stream of permuted windows into batches of the planned sizes."""
+    pending: list[Columns] = []
+    have = 0
+    window: _Loaded | None = None
+    pos = 0
+    for size in sizes:
+        while have < size:
+            if window is None or pos == len(window.order):
+                window, pos = next(loaded), 0
+            take = min(size - have, len(window.order) - pos)
+            idx: np.ndarray | slice = (
+                slice(pos, pos + take) if window.contiguous else window.order[pos:pos + take]
+            )
+            pending.append({n: _take(v, idx) for n, v in window.columns.items()})
+            have += take
+            pos += take
+        if len(pending) == 1:
+            yield pending[0]
+        else:
+            yield {n: _concat([p[n] for p in pending]) for n in pending[0]}
+        pending, have = [], 0
+
+
+def worker_batches(
+    stages: Stages, plan: WorkerPlan, *, epoch: int, rank: int
+) -> Iterator[Any]:
+    """The batches of one worker, in order, as the user will see them."""
+    loaded = (stages.load(w) for w in plan.windows)
+    arity = transform_arity(stages.transform)
+    for position, columns in zip(plan.positions, _cut(loaded, plan.batch_sizes)):
+        batch = (
+            stages.collate_fn(to_arrow(columns))
+            if stages.collate_fn is not None
+            else to_torch(columns, stages.kinds)
+        )
+        if stages.transform is not None:
+            try:
+                if arity == 2:
+                    rng = np.random.default_rng([stages.seed, epoch, rank, position])
+                    batch = stages.transform(batch, rng)
+                else:
+                    batch = stages.transform(batch)
+            except Exception as exc:
+                exc.add_note(f"in pqloader transform, batch {position} of rank {rank}, "
+                             f"epoch {epoch}")
+                raise
+        yield batch

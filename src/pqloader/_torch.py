@@ -1,0 +1,101 @@
+"""A torch ``IterableDataset`` over the plan, safe under torch's own worker processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch.utils.data
+
+from ._collate import column_kinds
+from ._config import LoaderConfig
+from ._pipeline import Stages, worker_batches
+from ._plan import RankPlan, num_batches, plan_epoch
+from ._world import resolve_world
+
+if TYPE_CHECKING:
+    from ._dataset import ParquetDataset
+
+
+class Epoch:
+    """The epoch number, shared with worker processes so ``set_epoch`` reaches persistent ones."""
+
+    def __init__(self) -> None:
+        self._value = multiprocessing.RawValue("q", 0)
+
+    def get(self) -> int:
+        return int(self._value.value)
+
+    def set(self, epoch: int) -> None:
+        self._value.value = epoch
+
+
+class Planner:
+    """Binds a dataset to a config: plans epochs and builds each worker's stages."""
+
+    def __init__(self, dataset: ParquetDataset, config: LoaderConfig) -> None:
+        self.dataset = dataset
+        self.config = config
+        d = dataset._discovery
+        kinds = {} if config.collate_fn is not None else column_kinds(d.schema)
+        self.stages = Stages(dataset.reader, kinds, config.seed, config.transform,
+                             config.collate_fn)
+        self.window_rows = config.window_rows(d.num_rows, d.byte_size)
+
+    def __len__(self) -> int:
+        c = self.config
+        return num_batches(self.dataset._discovery.num_rows, batch_size=c.batch_size,
+                           world_size=c.world.world_size, drop_last=c.drop_last)
+
+    def plan(self, epoch: int, num_workers: int) -> RankPlan:
+        c = self.config
+        return plan_epoch(
+            self.dataset._discovery.num_rows, batch_size=c.batch_size, rank=c.world.rank,
+            world_size=c.world.world_size, num_workers=num_workers, seed=c.seed, epoch=epoch,
+            shuffle=c.shuffle, drop_last=c.drop_last, window_rows=self.window_rows,
+        )
+
+    def batches(self, plan: RankPlan, worker: int, epoch: int) -> Iterator[Any]:
+        return worker_batches(self.stages, plan.workers[worker], epoch=epoch,
+                              rank=self.config.world.rank)
+
+
+class TorchIterable(torch.utils.data.IterableDataset[Any]):
+    """Batches of one rank; under torch's worker processes each worker makes its share.
+
+    Use with ``torch.utils.data.DataLoader(it, batch_size=None, num_workers=N)``. Call
+    :meth:`set_epoch` before each epoch, as with ``DistributedSampler``; it reaches persistent
+    workers too.
+    """
+
+    def __init__(self, dataset: ParquetDataset, *, batch_size: int, shuffle: bool = False,
+                 seed: int = 0, drop_last: bool = False, rank: int | None = None,
+                 world_size: int | None = None, **options: Any) -> None:
+        config = LoaderConfig(batch_size=batch_size, shuffle=shuffle, seed=seed,
+                              drop_last=drop_last, world=resolve_world(rank, world_size),
+                              **options)
+        self._planner = Planner(dataset, config)
+        self._epoch = Epoch()
+
+    @classmethod
+    def from_planner(cls, planner: Planner) -> TorchIterable:
+        """The iterable of an already validated loader (no second validation)."""
+        self = cls.__new__(cls)
+        self._planner = planner
+        self._epoch = Epoch()
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.set(epoch)
+
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch (over all of torch's workers together)."""
+        return len(self._planner)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        epoch = self._epoch.get()
+        plan = self._planner.plan(epoch, workers)
+        yield from self._planner.batches(plan, worker, epoch)
