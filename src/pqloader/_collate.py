@@ -57,22 +57,10 @@ def column_kinds(schema: pa.Schema) -> dict[str, Kind]:
     return kinds
 
 
-def prepare(
-    array: pa.ChunkedArray | pa.Array, name: str, kind: Kind | None
-) -> np.ndarray | pa.Array:
-    """One window column in the form batches are gathered from: numpy for numbers, else Arrow.
-
-    ``kind=None`` keeps every column as Arrow, for ``collate_fn=``.
-    """
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
-    if kind is None:
-        return array
-    if pa.types.is_dictionary(array.type):
-        array = array.dictionary_decode()
-    if kind != "numeric":
-        return array
+def _numeric_numpy(array: pa.Array, name: str) -> np.ndarray:
     t = array.type
+    if pa.types.is_dictionary(t):
+        array, t = array.dictionary_decode(), t.value_type
     if array.null_count and not pa.types.is_floating(t):
         raise DataError(
             f"column {name!r} ({t}) has {array.null_count} null values; fill them when "
@@ -81,6 +69,26 @@ def prepare(
     if pa.types.is_temporal(t):
         array = pc.cast(array, pa.int64() if t.bit_width == 64 else pa.int32())
     return array.to_numpy(zero_copy_only=False)
+
+
+def prepare(
+    array: pa.ChunkedArray, name: str, kind: Kind | None, order: np.ndarray | None
+) -> np.ndarray | pa.Array:
+    """One window column, in emission ``order`` (``None``: as is), ready to be cut in batches.
+
+    Numbers become numpy, the rest stays Arrow (all of it for ``kind=None``, the
+    ``collate_fn=`` path). A permuted column is gathered whole, once: one column at a time stays
+    in cache, where gathering batch by batch across all columns of a large window would miss it
+    on nearly every row. Batches are then contiguous slices.
+    """
+    if kind != "numeric":
+        combined = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+        if kind is not None and pa.types.is_dictionary(combined.type):
+            combined = combined.dictionary_decode()
+        return combined if order is None else combined.take(pa.array(order))
+    chunks = [_numeric_numpy(c, name) for c in array.chunks]
+    values = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+    return values if order is None else np.take(values, order)
 
 
 def _padded(array: pa.Array, name: str) -> dict[str, torch.Tensor]:
@@ -122,3 +130,20 @@ def to_torch(columns: Mapping[str, Any], kinds: Mapping[str, Kind]) -> dict[str,
 def to_arrow(columns: Mapping[str, pa.Array]) -> pa.RecordBatch:
     """A batch of columns prepared with ``kind=None`` as an Arrow record batch."""
     return pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
+
+
+def compact(batch: Any) -> Any:
+    """Copy tensors that view a larger buffer (a window), before they cross a process boundary.
+
+    In one process a batch's tensors are views into its permuted window: free to make. Sent to
+    another process, a view would ship its whole window buffer, so it is cloned first.
+    """
+    if isinstance(batch, torch.Tensor):
+        if batch.untyped_storage().nbytes() > batch.nbytes:
+            return batch.clone()
+        return batch
+    if isinstance(batch, dict):
+        return {k: compact(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
+        return type(batch)(compact(v) for v in batch)
+    return batch

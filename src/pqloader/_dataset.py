@@ -15,6 +15,8 @@ from ._errors import InvalidArgumentError
 from ._read import FragmentReader
 
 if TYPE_CHECKING:
+    import pyarrow.parquet as pq
+
     from ._torch import TorchIterable
 
 _ROW_GROUP_CACHE = 4  # decoded row groups kept for map-style access
@@ -69,6 +71,11 @@ class ParquetDataset:
         return [f.path for f in self._discovery.files]
 
     @property
+    def metadata(self) -> list[pq.FileMetaData]:
+        """The Parquet footer of each file, in :attr:`files` order (read when opened)."""
+        return [f.metadata for f in self._discovery.files]
+
+    @property
     def num_row_groups(self) -> int:
         """Non-empty row groups (fragments) across all files."""
         return len(self._discovery.num_rows)
@@ -102,12 +109,16 @@ class ParquetDataset:
                 self._cache.popitem(last=False)
         return table
 
-    def _locate(self, indices: np.ndarray) -> np.ndarray:
+    def _wrap(self, indices: np.ndarray) -> np.ndarray:
+        """Indices checked against ``len(self)``, negative ones counted from the end."""
         n = len(self)
         bad = (indices < -n) | (indices >= n)
         if bad.any():
             raise IndexError(f"row {int(indices[bad][0])} is out of range for {n} rows")
-        indices = np.where(indices < 0, indices + n, indices)
+        return np.where(indices < 0, indices + n, indices)
+
+    def _locate(self, indices: np.ndarray) -> np.ndarray:
+        """The fragment of each (already wrapped, in-range) row index."""
         return np.searchsorted(self._offsets, indices, side="right") - 1
 
     def __getitem__(self, index: int) -> dict[str, Any]:
@@ -121,8 +132,7 @@ class ParquetDataset:
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size == 0:
             return []
-        n = len(self)
-        idx = np.where(idx < 0, idx + n, idx)
+        idx = self._wrap(idx)  # once: wrapping twice turned -n-1 into a pyarrow error
         frags = self._locate(idx)
         rows: list[dict[str, Any]] = [{}] * len(idx)
         for frag in np.unique(frags):

@@ -22,9 +22,8 @@ Columns = dict[str, Any]  # name -> numpy array (numbers) or Arrow array
 
 @dataclass
 class _Loaded:
-    columns: Columns
-    order: np.ndarray  # the window's rows, in emission order
-    contiguous: bool  # order is 0..n-1: batches can be cut as slices
+    columns: Columns  # the window's columns, already in emission order
+    num_rows: int
 
 
 def transform_arity(transform: Callable[..., Any] | None) -> int:
@@ -58,19 +57,19 @@ class Stages:
             tables.append(table.slice(s.start, s.num_rows))
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         keep_arrow = self.collate_fn is not None
+        order = None if window.key is None else window.order()
         columns = {
-            name: prepare(table.column(name), name, None if keep_arrow else self.kinds[name])
+            name: prepare(table.column(name), name,
+                          None if keep_arrow else self.kinds[name], order)
             for name in table.column_names
         }
-        return _Loaded(columns, window.order(), window.key is None)
+        return _Loaded(columns, table.num_rows)
 
 
-def _take(values: Any, idx: np.ndarray | slice) -> Any:
+def _slice(values: Any, start: int, stop: int) -> Any:
     if isinstance(values, np.ndarray):
-        return values[idx]
-    if isinstance(idx, slice):
-        return values.slice(idx.start, idx.stop - idx.start)
-    return values.take(pa.array(idx))
+        return values[start:stop]
+    return values.slice(start, stop - start)
 
 
 def _concat(parts: list[Any]) -> Any:
@@ -87,13 +86,10 @@ def _cut(loaded: Iterator[_Loaded], sizes: tuple[int, ...]) -> Iterator[Columns]
     pos = 0
     for size in sizes:
         while have < size:
-            if window is None or pos == len(window.order):
+            if window is None or pos == window.num_rows:
                 window, pos = next(loaded), 0
-            take = min(size - have, len(window.order) - pos)
-            idx: np.ndarray | slice = (
-                slice(pos, pos + take) if window.contiguous else window.order[pos:pos + take]
-            )
-            pending.append({n: _take(v, idx) for n, v in window.columns.items()})
+            take = min(size - have, window.num_rows - pos)
+            pending.append({n: _slice(v, pos, pos + take) for n, v in window.columns.items()})
             have += take
             pos += take
         if len(pending) == 1:

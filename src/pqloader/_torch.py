@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
-from ._collate import column_kinds
+from ._collate import column_kinds, compact
 from ._config import LoaderConfig
 from ._pipeline import Stages, worker_batches
 from ._plan import RankPlan, num_batches, plan_epoch
@@ -98,4 +98,8 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         epoch = self._epoch.get()
         plan = self._planner.plan(epoch, workers)
-        yield from self._planner.batches(plan, worker, epoch)
+        batches = self._planner.batches(plan, worker, epoch)
+        if info is None:
+            yield from batches
+        else:
+            yield from map(compact, batches)

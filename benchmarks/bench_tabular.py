@@ -1,0 +1,314 @@
+"""How fast does pqloader deliver shuffled tabular batches, against the pyarrow decode floor and
+the naive tutorial way (pandas in memory + a map-style Dataset + torch's DataLoader)?
+
+    .venv/bin/python benchmarks/bench_tabular.py            # 8M rows x 32 float32 + label
+    .venv/bin/python benchmarks/bench_tabular.py --tiny     # seconds: the smoke test's run
+
+Each method runs in a fresh child process (this script with ``--child METHOD``); the parent
+samples the memory of the child's process tree (the child and its workers) every 20 ms. Methods
+are interleaved across repeats so that the machine's noise hits them all alike; the table shows
+medians and ratios, then one ``RESULT {json}`` line holds every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+METHODS = ("floor", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2", "pqloader-w2-proc")
+NUM_FEATURES = 32
+SEED = 0
+SAMPLE_S = 0.02  # RSS of the tree every 20 ms ...
+TREE_EVERY = 5  # ... its process list and PSS every 5 samples (100 ms): they cost ~1-2 ms
+MIB = 2**20
+
+
+# -- data -------------------------------------------------------------------------------------
+def _batches(rows: int, row_group_size: int) -> Any:
+    """Seeded record batches of ``row_group_size`` rows: never the whole dataset in memory."""
+    rng = np.random.default_rng(SEED)
+    names = [f"f{j:02d}" for j in range(NUM_FEATURES)] + ["label"]
+    for start in range(0, rows, row_group_size):
+        n = min(row_group_size, rows - start)
+        features = rng.standard_normal((NUM_FEATURES, n), dtype=np.float32)
+        label = rng.integers(0, 10, n, dtype=np.int64)
+        yield pa.RecordBatch.from_arrays([pa.array(c) for c in [*features, label]], names=names)
+
+
+def ensure_data(path: Path, rows: int, files: int, row_group_size: int) -> None:
+    """Write the dataset into ``path`` unless it already holds it (same rows and files)."""
+    rows_per_file = -(-rows // files)
+    parts = sorted(path.glob("part-*.parquet"))
+    if len(parts) == -(-rows // rows_per_file) and \
+            sum(pq.read_metadata(p).num_rows for p in parts) == rows:
+        print(f"reusing {path}", file=sys.stderr)
+        return
+    import pqloader
+
+    print(f"writing {rows:,} rows into {path} ...", file=sys.stderr)
+    t0 = time.perf_counter()
+    pqloader.write_dataset(_batches(rows, row_group_size), path, rows_per_file=rows_per_file,
+                           row_group_size=row_group_size, overwrite=True)
+    print(f"  written in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+# -- the methods, each run in a child process -------------------------------------------------
+def run_floor(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The pyarrow decode floor: every row group to numpy, in file order, no shuffle."""
+    t0 = time.perf_counter()
+    rows = label_sum = 0
+    for file in sorted(path.glob("*.parquet")):
+        pf = pq.ParquetFile(file)
+        for i in range(pf.num_row_groups):
+            table = pf.read_row_group(i, use_threads=True)
+            columns = {name: table.column(name).to_numpy() for name in table.column_names}
+            rows += table.num_rows
+            label_sum += int(columns["label"].sum())
+    return {"rows": rows, "seconds": time.perf_counter() - t0, "label_sum": label_sum}
+
+
+class TutorialDataset:
+    """The tutorial way: a map-style dataset over a DataFrame, one ``df.iloc[i]`` per row."""
+
+    def __init__(self, df: Any) -> None:
+        self.df = df
+
+    def __len__(self) -> int:
+        return len(self.df)
+
+    def __getitem__(self, i: int) -> Any:
+        import torch  # imported here so that the floor's child never loads torch
+
+        values = self.df.iloc[i].to_numpy()  # the features, then the label
+        return torch.tensor(values[:-1], dtype=torch.float32), int(values[-1])
+
+
+def run_naive(path: Path, args: argparse.Namespace, num_workers: int) -> dict[str, Any]:
+    """pandas + TutorialDataset + torch's DataLoader; ``naive_batches`` batches are timed.
+
+    The clock starts when the first batch arrives (worker start-up is not counted): the
+    steady state, which a whole epoch would approach.
+    """
+    import pandas as pd
+    import torch
+
+    t0 = time.perf_counter()
+    df = pd.read_parquet(path)
+    load_s = time.perf_counter() - t0
+    torch.manual_seed(SEED)
+    loader = torch.utils.data.DataLoader(TutorialDataset(df), batch_size=args.batch_size,
+                                         shuffle=True, num_workers=num_workers)
+    batches = iter(loader)
+    next(batches)
+    rows = 0
+    t0 = time.perf_counter()
+    for features, labels in itertools.islice(batches, args.naive_batches):
+        assert features.shape == (len(labels), NUM_FEATURES)
+        rows += len(labels)
+    return {"rows": rows, "seconds": time.perf_counter() - t0, "load_s": load_s}
+
+
+def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int,
+                 worker_type: str = "thread") -> dict[str, Any]:
+    """pqloader's DataLoader, shuffled, every batch consumed; the dataset's opening is timed."""
+    import pqloader
+
+    t0 = time.perf_counter()
+    ds = pqloader.ParquetDataset(path)
+    loader = pqloader.DataLoader(ds, batch_size=args.batch_size, shuffle=True, seed=SEED,
+                                 num_workers=num_workers, worker_type=worker_type)
+    rows = label_sum = 0
+    for batch in loader:
+        rows += len(batch["label"])
+        label_sum += int(batch["label"].sum())
+    seconds = time.perf_counter() - t0
+    if rows != len(ds):
+        sys.exit(f"delivered {rows:,} rows; the dataset has {len(ds):,}")
+    return {"rows": rows, "seconds": seconds, "label_sum": label_sum}
+
+
+CHILDREN = {
+    "floor": run_floor,
+    "naive-w0": lambda p, a: run_naive(p, a, 0),
+    "naive-w2": lambda p, a: run_naive(p, a, 2),
+    "pqloader-w0": lambda p, a: run_pqloader(p, a, 0),
+    "pqloader-w2": lambda p, a: run_pqloader(p, a, 2),
+    "pqloader-w2-proc": lambda p, a: run_pqloader(p, a, 2, "process"),
+}
+
+
+# -- the parent: run, watch, summarise --------------------------------------------------------
+def _tree_memory(tree: list[psutil.Process], pss: bool) -> int:
+    total = 0
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            total += p.memory_full_info().pss if pss else p.memory_info().rss
+    return total
+
+
+def watch(proc: subprocess.Popen[str]) -> tuple[int, int]:
+    """Peak RSS and PSS (bytes) of ``proc`` and its recursive children until it exits.
+
+    RSS counts a page shared by several processes (forked workers) once per process; PSS
+    splits it between them, so the tree's PSS is what the tree really holds.
+    """
+    root = psutil.Process(proc.pid)
+    tree, peak_rss, peak_pss = [root], 0, 0
+    for tick in itertools.count():
+        if proc.poll() is not None:
+            break
+        if tick % TREE_EVERY == 0:
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                break
+            peak_pss = max(peak_pss, _tree_memory(tree, pss=True))
+        peak_rss = max(peak_rss, _tree_memory(tree, pss=False))
+        time.sleep(SAMPLE_S)
+    return peak_rss, peak_pss
+
+
+def run_child(method: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", method, "--data", str(path),
+           "--batch-size", str(args.batch_size), "--naive-batches", str(args.naive_batches)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        peak_rss, peak_pss = watch(proc)
+        proc.wait()
+        out.seek(0)
+        err.seek(0)
+        lines = [line for line in out.read().splitlines() if line.startswith("CHILD ")]
+        if proc.returncode != 0 or not lines:
+            stderr = err.read().strip()
+            print(f"{method} failed (exit code {proc.returncode}):\n{stderr}", file=sys.stderr)
+            last = stderr.splitlines()[-1] if stderr else f"exit code {proc.returncode}"
+            return {"error": last}
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix("CHILD "))
+    result.update(rows_per_s=result["rows"] / max(result["seconds"], 1e-9),
+                  peak_rss_mib=round(peak_rss / MIB), peak_pss_mib=round(peak_pss / MIB))
+    return result
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]], rows: int) -> dict[str, Any]:
+    """Per method: median rows/s, ratios, peak memory (the highest of the runs), failures."""
+    out: dict[str, Any] = {}
+    for method, results in runs.items():
+        ok = [r for r in results if "error" not in r]
+        errors = [r["error"] for r in results if "error" in r]
+        s: dict[str, Any] = {"runs": results, "errors": errors}
+        if ok:
+            s.update(rows_per_s=statistics.median(r["rows_per_s"] for r in ok),
+                     peak_rss_mib=max(r["peak_rss_mib"] for r in ok),
+                     peak_pss_mib=max(r["peak_pss_mib"] for r in ok))
+            if method.startswith("naive"):
+                s["load_s"] = statistics.median(r["load_s"] for r in ok)
+            elif any(r["rows"] != rows for r in ok):
+                errors.append(f"delivered {[r['rows'] for r in ok]} rows, expected {rows}")
+        out[method] = s
+    floor = out.get("floor", {}).get("rows_per_s")
+    naive = [s["rows_per_s"] for m, s in out.items() if m.startswith("naive") and "rows_per_s" in s]
+    sums = {r["label_sum"] for s in out.values() for r in s["runs"] if "label_sum" in r}
+    for s in out.values():
+        if "rows_per_s" in s:
+            s["x_floor"] = s["rows_per_s"] / floor if floor else None
+            s["x_best_naive"] = s["rows_per_s"] / max(naive) if naive else None
+        if len(sums) > 1 and any("label_sum" in r for r in s["runs"]):
+            s["errors"].append(f"label sums differ between methods: {sorted(sums)}")
+    return out
+
+
+def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
+    def ratio(x: float | None) -> str:
+        return "-" if x is None else f"{x:,.2f}" if x < 100 else f"{x:,.0f}"
+
+    print(f"\nshuffled tabular batches: {args.rows:,} rows x {NUM_FEATURES} float32 + int64 "
+          f"label, {args.files} files, {args.row_group_size:,}-row groups, batch "
+          f"{args.batch_size}; median of {args.repeats}")
+    print(f"{'method':<18}{'rows/s':>12}{'x floor':>9}{'x naive':>9}"
+          f"{'peak RSS MiB':>14}{'peak PSS MiB':>14}")
+    for method, s in summary.items():
+        if "rows_per_s" not in s:
+            print(f"{method:<18}  FAILED: {s['errors'][0]}")
+            continue
+        star = "*" if method.startswith("naive") else ""
+        print(f"{method + star:<18}{s['rows_per_s']:>12,.0f}{ratio(s['x_floor']):>9}"
+              f"{ratio(s['x_best_naive']):>9}{s['peak_rss_mib']:>14,}{s['peak_pss_mib']:>14,}")
+    if any(m.startswith("naive") for m in summary):
+        loads = ", ".join(f"{m} {s['load_s']:.1f} s" for m, s in summary.items() if "load_s" in s)
+        print(f"* naive: rows/s over {args.naive_batches} batches after the first; the load "
+              f"(pd.read_parquet) and the first batch are not counted ({loads})")
+    print("floor: pyarrow decode to numpy, no shuffle; pqloader: shuffled, every row, timed from "
+          "opening the dataset. RSS sums the process tree (shared pages once per process), "
+          "PSS splits shared pages.")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=8_000_000)
+    p.add_argument("--files", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--repeats", type=int, default=3, help="runs per method; medians reported")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of "
+                   + ", ".join(METHODS))
+    p.add_argument("--data", type=Path, help="dataset folder, reused when it holds the same "
+                   "rows and files (default: one under the temp dir)")
+    p.add_argument("--tiny", action="store_true",
+                   help="100k rows, 4 files, 8192-row groups, 1 repeat: a smoke run")
+    p.add_argument("--naive-batches", type=int, default=40, help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.row_group_size = 65_536
+    if args.tiny:
+        args.rows, args.files, args.row_group_size, args.repeats = 100_000, 4, 8192, 1
+        args.naive_batches = min(args.naive_batches, 5)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if unknown := sorted(set(args.methods) - set(METHODS)):
+        p.error(f"unknown methods {unknown}; choose among {', '.join(METHODS)}")
+    if args.data is None:
+        args.data = Path(tempfile.gettempdir()) / (
+            f"pqloader-bench-tabular-{args.rows}x{args.files}-{args.row_group_size}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print("CHILD " + json.dumps(CHILDREN[args.child](args.data, args)), flush=True)
+        return 0
+    ensure_data(args.data, args.rows, args.files, args.row_group_size)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
+    for repeat in range(args.repeats):
+        k = repeat % len(args.methods)  # rotate the order too: no method always goes first
+        for method in args.methods[k:] + args.methods[:k]:
+            r = run_child(method, args.data, args)
+            runs[method].append(r)
+            note = r.get("error") or (f"{r['rows_per_s']:,.0f} rows/s, "
+                                      f"peak RSS {r['peak_rss_mib']:,} MiB")
+            print(f"[{repeat + 1}/{args.repeats}] {method}: {note}", file=sys.stderr)
+    summary = summarise(runs, args.rows)
+    print_table(summary, args)
+    print("RESULT " + json.dumps({
+        "benchmark": "tabular", "rows": args.rows, "files": args.files,
+        "row_group_size": args.row_group_size, "batch_size": args.batch_size,
+        "repeats": args.repeats, "naive_batches": args.naive_batches, "methods": summary,
+    }))
+    return 1 if any(s["errors"] for s in summary.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
