@@ -22,7 +22,7 @@ LENGTHS_SUFFIX = "_lengths"
 
 
 def _is_number(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
 
 
 def column_kind(field: pa.Field) -> Kind | None:
@@ -68,7 +68,8 @@ def _numeric_numpy(array: pa.Array, name: str) -> np.ndarray:
         )
     if pa.types.is_temporal(t):
         array = pc.cast(array, pa.int64() if t.bit_width == 64 else pa.int32())
-    return array.to_numpy(zero_copy_only=False)
+    values: np.ndarray = array.to_numpy(zero_copy_only=False)
+    return values
 
 
 def prepare(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -26,7 +26,7 @@ class LoaderConfig:
     shuffle_window_rows: int | None = None
     transform: Callable[..., Any] | None = None
     collate_fn: Callable[..., Any] | None = None
-    world: World = World()
+    world: World = field(default_factory=World)
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)

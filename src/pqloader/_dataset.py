@@ -139,7 +139,7 @@ class ParquetDataset:
             where = np.flatnonzero(frags == frag)
             local = idx[where] - self._offsets[frag]
             part = self._fragment(int(frag)).take(pa.array(local)).to_pylist()
-            for i, row in zip(where, part):
+            for i, row in zip(where, part, strict=True):
                 rows[i] = row
         return rows
 

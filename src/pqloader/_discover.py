@@ -55,7 +55,7 @@ def _is_hidden(name: str) -> bool:
 
 
 def _walk(root: Path) -> list[Path]:
-    found = []
+    found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
         found.extend(Path(dirpath) / f for f in sorted(filenames) if not _is_hidden(f))
@@ -200,7 +200,8 @@ def discover(source: object, columns: Sequence[str] | None = None) -> Discovery:
     with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
         footers = list(pool.map(_read_footer, paths))
     entries = [
-        FileEntry(str(p), md, _hive_partition(p, root)) for p, md in zip(paths, footers)
+        FileEntry(str(p), md, _hive_partition(p, root))
+        for p, md in zip(paths, footers, strict=True)
     ]
     part_schema = _partition_schema(entries)
     if columns is not None:

@@ -9,7 +9,7 @@
     ├── SchemaMismatchError    (ValueError)         two files disagree on a column
     ├── ColumnNotFoundError    (KeyError)           a column asked for that the data lacks
     ├── InvalidArgumentError   (ValueError)         an argument out of range
-    ├── DataError              (ValueError)         values no batch can hold (nulls in an int column)
+    ├── DataError              (ValueError)         values no batch can hold (int nulls)
     └── LoaderTimeoutError     (TimeoutError)       no batch within ``timeout`` seconds
 
 Each message names the file, row group, column or argument at fault and says what to do.

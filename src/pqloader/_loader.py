@@ -135,7 +135,7 @@ class DataLoader:
             return batch
         from torch.utils.data._utils.pin_memory import pin_memory
 
-        return pin_memory(batch)
+        return pin_memory(batch)  # type: ignore[no-untyped-call]
 
     def _iter_threads(self, plan: RankPlan, epoch: int) -> Iterator[Any]:
         n = self.workers.num_workers
@@ -207,8 +207,9 @@ class DataLoader:
         if loader is None:
             w = self.workers
             loader = torch.utils.data.DataLoader(
-                TorchIterable.from_planner(self._planner), batch_size=None, num_workers=w.num_workers,
-                pin_memory=self._pin, timeout=w.timeout, worker_init_fn=w.worker_init_fn,
+                TorchIterable.from_planner(self._planner), batch_size=None,
+                num_workers=w.num_workers, pin_memory=self._pin, timeout=w.timeout,
+                worker_init_fn=w.worker_init_fn,
                 persistent_workers=w.persistent_workers, prefetch_factor=w.prefetch_factor,
                 multiprocessing_context=w.multiprocessing_context,
             )

@@ -105,7 +105,7 @@ def worker_batches(
     """The batches of one worker, in order, as the user will see them."""
     loaded = (stages.load(w) for w in plan.windows)
     arity = transform_arity(stages.transform)
-    for position, columns in zip(plan.positions, _cut(loaded, plan.batch_sizes)):
+    for position, columns in zip(plan.positions, _cut(loaded, plan.batch_sizes), strict=True):
         batch = (
             stages.collate_fn(to_arrow(columns))
             if stages.collate_fn is not None

@@ -55,7 +55,9 @@ def _dict_batches(first: dict[str, Any], rest: Iterator[Any],
     return schema, gen()
 
 
-def as_batches(data: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
+def as_batches(
+    data: Any, chunk_rows: int
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
     """Normalise any supported input to (schema, stream of record batches, rows if known)."""
     if isinstance(data, pa.Table):
         return data.schema, iter(data.to_batches(max_chunksize=chunk_rows)), data.num_rows
@@ -103,7 +105,8 @@ class _ShardWriter:
 
     def write(self, table: pa.Table) -> None:
         if self._writer is None:
-            self._tmp = self.root / f".{FILE_PATTERN.format(len(self.paths))}.tmp-{uuid.uuid4().hex}"
+            name = FILE_PATTERN.format(len(self.paths))
+            self._tmp = self.root / f".{name}.tmp-{uuid.uuid4().hex}"
             try:
                 self._writer = pq.ParquetWriter(self._tmp, self.schema,
                                                 compression=self.compression)

@@ -24,7 +24,8 @@ def rows_of(plan: RankPlan, offsets: np.ndarray) -> list[int]:
             rows.extend(flat[window.order()].tolist())
         assert len(rows) == w.num_rows
         cuts = np.cumsum((0, *w.batch_sizes))
-        per_worker.append({p: rows[a:b] for p, a, b in zip(w.positions, cuts, cuts[1:])})
+        spans = zip(w.positions, cuts, cuts[1:], strict=False)
+        per_worker.append({p: rows[a:b] for p, a, b in spans})
     out = []
     for k in range(plan.num_batches):
         out.extend(per_worker[k % len(plan.workers)][k])
@@ -74,7 +75,9 @@ def test_exactly_once_and_even_ranks(w: dict) -> None:
         assert sum(seen.values()) - total <= size - 1, "at most world_size - 1 repeats"
     # only the rank's last batch may be short
     for p in plans:
-        sizes = {k: s for wp in p.workers for k, s in zip(wp.positions, wp.batch_sizes)}
+        sizes = {
+            k: s for wp in p.workers for k, s in zip(wp.positions, wp.batch_sizes, strict=True)
+        }
         assert sorted(sizes) == list(range(p.num_batches))
         assert all(sizes[k] == bs for k in range(p.num_batches - 1))
 
