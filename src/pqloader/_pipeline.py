@@ -56,14 +56,16 @@ class Stages:
             table = self.reader.read(s.fragment)
             tables.append(table.slice(s.start, s.num_rows))
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        num_rows = table.num_rows
+        arrow = {name: table.column(name) for name in table.column_names}
+        del table, tables  # from here each Arrow column is freed once its copy is made
         keep_arrow = self.collate_fn is not None
         order = None if window.key is None else window.order()
-        columns = {
-            name: prepare(table.column(name), name,
-                          None if keep_arrow else self.kinds[name], order)
-            for name in table.column_names
-        }
-        return _Loaded(columns, table.num_rows)
+        columns = {}
+        for name in list(arrow):
+            kind = None if keep_arrow else self.kinds[name]
+            columns[name] = prepare(arrow.pop(name), name, kind, order)
+        return _Loaded(columns, num_rows)
 
 
 def _slice(values: Any, start: int, stop: int) -> Any:
