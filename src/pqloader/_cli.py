@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,13 +22,15 @@ import pqloader
 FORMATS = ("csv", "jsonl", "parquet")
 CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
 _EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
-               ".parquet": "parquet", ".pq": "parquet"}
+               ".parquet": "parquet"}
 _COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")  # pyarrow decompresses these by extension
-_HINTS = {"csv": "column types are inferred from the first block of rows; fix the value named",
-          "jsonl": "expected JSON Lines: one object per line, the same keys and types in each"}
+_HINTS = {"csv": "CSV column types are guessed from the first rows; make later values fit them",
+          "jsonl": "JSON Lines expected: one object per line, with the same keys and types",
+          "parquet": "the file may be truncated or corrupt"}
 _MAX_FILES_SHOWN = 20
-_WRITE_DEFAULTS = {name: p.default
-                   for name, p in inspect.signature(pqloader.write_dataset).parameters.items()}
+_WRITE_DEFAULTS = {name: p.default  # one source of truth: write_dataset's own defaults
+                   for name, p in inspect.signature(pqloader.write_dataset).parameters.items()
+                   if name in ("rows_per_file", "row_group_size", "compression")}
 
 
 class _Failure(Exception):
@@ -41,12 +44,12 @@ class _Failure(Exception):
 # -- inspect ---------------------------------------------------------------------------------
 def human_bytes(size: int) -> str:
     """``1288490189`` -> ``'1.2 GiB'``: binary units, one decimal."""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    if size < 1024:
+        return f"{size} B"
+    value, units = size / 1024, ["KiB", "MiB", "GiB", "TiB"]
+    while value >= 1024 and len(units) > 1:
+        value, units = value / 1024, units[1:]
+    return f"{value:.1f} {units[0]}"
 
 
 def _file_facts(path: str, md: pq.FileMetaData, columns: set[str] | None) -> dict[str, Any]:
@@ -75,28 +78,22 @@ def inspect_dataset(source: str, columns: list[str] | None = None) -> dict[str, 
     wanted = None if columns is None else set(columns)
     files = [_file_facts(p, md, wanted) for p, md in zip(ds.files, ds.metadata, strict=True)]
     codecs = sorted({c for f in files for c in f.pop("compression")})
-    return {
-        "path": source,
-        "num_files": len(files),
-        "num_rows": sum(f["num_rows"] for f in files),
-        "num_row_groups": sum(f["num_row_groups"] for f in files),
-        "compressed_bytes": sum(f["compressed_bytes"] for f in files),
-        "uncompressed_bytes": sum(f["uncompressed_bytes"] for f in files),
-        "compression": codecs,
-        "schema": [{"name": n, "type": str(t)} for n, t in ds.columns.items()],
-        "files": files,
-    }
+    totals = {key: sum(f[key] for f in files) for key in
+              ("num_rows", "num_row_groups", "compressed_bytes", "uncompressed_bytes")}
+    return {"path": source, "num_files": len(files), **totals, "compression": codecs,
+            "schema": [{"name": n, "type": str(t)} for n, t in ds.columns.items()],
+            "files": files}
 
 
 def _print_inspect(facts: dict[str, Any]) -> None:
-    print(f"path          {facts['path']}")
-    print(f"files         {facts['num_files']:,}")
-    print(f"rows          {facts['num_rows']:,}")
-    print(f"row groups    {facts['num_row_groups']:,}")
-    print(f"compressed    {human_bytes(facts['compressed_bytes'])}")
-    print(f"uncompressed  {human_bytes(facts['uncompressed_bytes'])}")
-    print(f"compression   {', '.join(facts['compression']) or '-'}")
-    print("schema")
+    for label, value in [
+        ("path", facts["path"]), ("files", f"{facts['num_files']:,}"),
+        ("rows", f"{facts['num_rows']:,}"), ("row groups", f"{facts['num_row_groups']:,}"),
+        ("compressed", human_bytes(facts["compressed_bytes"])),
+        ("uncompressed", human_bytes(facts["uncompressed_bytes"])),
+        ("compression", ", ".join(facts["compression"]) or "-"), ("schema", ""),
+    ]:
+        print(f"{label:<14}{value}".rstrip())
     for field in facts["schema"]:
         print(f"  {field['name']}: {field['type']}")
     shown = facts["files"][:_MAX_FILES_SHOWN]
@@ -110,12 +107,7 @@ def _print_inspect(facts: dict[str, Any]) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    columns = None
-    if args.columns is not None:
-        columns = [c.strip() for c in args.columns.split(",") if c.strip()]
-        if not columns:
-            raise _Failure(f"--columns {args.columns!r} names no column; give a,b,...", code=2)
-    facts = inspect_dataset(args.path, columns)
+    facts = inspect_dataset(args.path, args.columns)
     if args.json:
         print(json.dumps(facts))
     else:
@@ -159,7 +151,7 @@ def _parquet_batches(source: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], 
                         [a if a.type.equals(f.type) else a.cast(f.type)
                          for a, f in zip(arrays, schema, strict=True)], schema=schema)
             except (pa.ArrowException, OSError) as exc:
-                raise _Failure(f"{path}: {exc}; the file may be truncated or corrupt") from exc
+                raise _Failure(f"{path}: {exc}; {_HINTS['parquet']}") from exc
 
     return schema, gen(), ds.files
 
@@ -168,8 +160,13 @@ def _open(source: str, fmt: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], l
     if fmt == "parquet":
         return _parquet_batches(source)
     if not Path(source).is_file():
-        raise _Failure(f"{source}: no such file; check the path")
-    reader = pa_csv.open_csv(source) if fmt == "csv" else pa_json.open_json(source)
+        raise _Failure(f"{source}: no such file (a {fmt} source is one file); check the path")
+    if fmt == "csv":
+        reader = pa_csv.open_csv(source)
+    elif hasattr(pa_json, "open_json"):
+        reader = pa_json.open_json(source)
+    else:  # pyarrow < 19 has no streaming JSON reader: the file is read whole
+        reader = pa_json.read_json(source).to_reader()
     return reader.schema, iter(reader), [source]
 
 
@@ -181,44 +178,55 @@ def _counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str,
             rows[0] += batch.num_rows
             yield batch
     except (pa.ArrowException, OSError) as exc:
-        hint = f"; {_HINTS[fmt]}" if fmt in _HINTS else ""
-        raise _Failure(f"{source}: {exc}{hint}") from exc
+        raise _Failure(f"{source}: {exc}; {_HINTS[fmt]}") from exc
 
 
 def _cmd_write(args: argparse.Namespace) -> int:
-    fmt = args.format or guess_format(args.src)
+    source = args.src.removeprefix("file://")
+    fmt = args.format or guess_format(source)
     try:
-        schema, batches, inputs = _open(args.src, fmt)
+        schema, batches, inputs = _open(source, fmt)
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, pqloader.PQLoaderError):
             raise
-        raise _Failure(f"{args.src}: {exc}; if it is not {fmt}, pass --format") from exc
-    dst = Path(args.dst).resolve()
-    if any(Path(p).resolve().is_relative_to(dst) for p in inputs):
-        raise _Failure(f"{args.dst}: holds the input {args.src}; write to another directory",
-                       code=2)
+        raise _Failure(f"{source}: {exc}; {_HINTS[fmt]}, or pass --format if it is not "
+                       f"{fmt}") from exc
+    dst, src = Path(args.dst).resolve(), Path(source).resolve()
+    if (src.is_dir() and dst.is_relative_to(src)) or any(
+            Path(p).resolve().is_relative_to(dst) for p in inputs):
+        raise _Failure(f"{args.dst} and {source} overlap; write outside the input, or "
+                       "reading either later would see the other", code=2)
     rows = [0]
-    stream = pa.RecordBatchReader.from_batches(schema, _counted(batches, args.src, fmt, rows))
-    paths = pqloader.write_dataset(
-        stream, args.dst, rows_per_file=args.rows_per_file, row_group_size=args.row_group_size,
-        compression=args.compression, overwrite=args.overwrite, progress=not args.no_progress)
-    if args.json:
-        print(json.dumps({"path": args.dst, "num_files": len(paths), "num_rows": rows[0],
-                          "files": paths}))
-    else:
-        print(f"wrote {len(paths):,} files, {rows[0]:,} rows to {args.dst}")
+    stream = pa.RecordBatchReader.from_batches(schema, _counted(batches, source, fmt, rows))
+    try:
+        paths = pqloader.write_dataset(
+            stream, args.dst, rows_per_file=args.rows_per_file,
+            row_group_size=args.row_group_size, compression=args.compression,
+            overwrite=args.overwrite, progress=not args.no_progress)
+    except pqloader.InvalidArgumentError as exc:  # its advice is for Python callers
+        raise _Failure(str(exc).replace("overwrite=True", "--overwrite")) from exc
+    except _Failure as exc:  # the files finished before the error stay: say so
+        done = len(list(Path(args.dst).glob("part-*.parquet")))
+        raise _Failure(f"{exc}; {args.dst} keeps {done} files written before the error: "
+                       "delete them or rerun with --overwrite" if done else str(exc)) from exc
+    files, count = len(paths), rows[0]
+    print(f"wrote {files:,} file{'s' * (files != 1)}, {count:,} row{'s' * (count != 1)} to "
+          f"{args.dst}")
     return 0
 
 
 # -- the parser and main ---------------------------------------------------------------------
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected column names like a,b, got {text!r}")
+    return names
+
+
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        value = 0
-    if value < 1:
+    if not text.strip().replace("_", "").isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ins = commands.add_parser("inspect", help="files, rows, row groups, bytes and schema")
     ins.add_argument("path", help="a directory, a glob or a Parquet file")
-    ins.add_argument("--columns", metavar="A,B", help="only these columns (schema and bytes)")
+    ins.add_argument("--columns", type=_names, metavar="A,B",
+                     help="only these columns (schema and bytes)")
     ins.add_argument("--json", action="store_true", help="print one JSON object")
     ins.set_defaults(run=_cmd_inspect, parser=ins)
 
@@ -238,23 +247,18 @@ def build_parser() -> argparse.ArgumentParser:
     wr.add_argument("dst", help="the directory to write part-NNNNN.parquet files into")
     wr.add_argument("--format", choices=FORMATS, help="the format of SRC (default: its extension)")
     wr.add_argument("--rows-per-file", type=_positive_int, metavar="N",
-                    default=_WRITE_DEFAULTS["rows_per_file"], help="default: %(default)s")
+                    help="rows in each file (default: %(default)s)")
     wr.add_argument("--row-group-size", type=_positive_int, metavar="N",
-                    default=_WRITE_DEFAULTS["row_group_size"], help="default: %(default)s")
-    wr.add_argument("--compression", choices=CODECS, type=str.lower,
-                    default=_WRITE_DEFAULTS["compression"], help="default: %(default)s")
+                    help="rows in each row group, the unit of reading (default: %(default)s)")
+    wr.add_argument("--compression", choices=CODECS, type=str.lower, help="(default: %(default)s)")
     wr.add_argument("--overwrite", action="store_true", help="replace part-*.parquet in DST")
     wr.add_argument("--no-progress", action="store_true", help="no progress bar")
-    wr.add_argument("--json", action="store_true", help="print the summary as JSON")
-    wr.set_defaults(run=_cmd_write, parser=wr)
+    wr.set_defaults(run=_cmd_write, parser=wr, **_WRITE_DEFAULTS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``pqloader`` with ``argv`` (default ``sys.argv[1:]``); return the exit code.
-
-    0: done; 1: the command failed (message on stderr); 2: bad usage.
-    """
+    """Run ``pqloader argv...``; return 0 when done, 1 when it failed, 2 for bad usage."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -262,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 2
     try:
         code: int = args.run(args)
+        sys.stdout.flush()  # a closed pipe fails here, where it is handled
         return code
     except _Failure as exc:
         if exc.code == 2:
@@ -270,9 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"pqloader: {exc}", file=sys.stderr)
         return exc.code
+    except BrokenPipeError:  # `pqloader inspect ... | head` closed the pipe: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 1
     except (pqloader.PQLoaderError, OSError, pa.ArrowException) as exc:
         print(f"pqloader: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("pqloader: interrupted", file=sys.stderr)
-        return 130

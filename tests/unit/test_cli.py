@@ -1,0 +1,313 @@
+"""The command line: ``pqloader inspect`` and ``pqloader write``, exit codes and messages."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import pqloader
+from pqloader._cli import human_bytes, main
+
+ROWS = 1000  # make_dataset(ROWS, rows_per_file=300, row_group_size=100): 4 files, 10 row groups
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def all_rows(path: Path) -> list[dict[str, object]]:
+    ds = pqloader.ParquetDataset(path)
+    return ds.__getitems__(list(range(len(ds))))
+
+
+def write_csv(path: Path, rows: int) -> Path:
+    lines = ["id,score,name"] + [f"{i},{i / 4},name {i}" for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def expected_rows(rows: int) -> list[dict[str, object]]:
+    return [{"id": i, "score": i / 4, "name": f"name {i}"} for i in range(rows)]
+
+
+# -- inspect -------------------------------------------------------------------------------------
+def test_human_bytes() -> None:
+    assert human_bytes(0) == "0 B"
+    assert human_bytes(1023) == "1023 B"
+    assert human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(int(1.2 * 2**30)) == "1.2 GiB"
+    assert human_bytes(3 * 2**50) == "3072.0 TiB"
+
+
+def test_inspect_text(make_dataset, capsys) -> None:
+    path = make_dataset(ROWS)
+    code, out, err = run(capsys, "inspect", path)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "files         4" in lines
+    assert "rows          1,000" in lines
+    assert "row groups    10" in lines
+    assert "compression   SNAPPY" in lines
+    assert any(line.startswith("compressed    ") and line.endswith("B") for line in lines)
+    for column in ("  id: int64", "  x: float", "  tokens: list<", "  text: string"):
+        assert any(line.startswith(column) for line in lines), column
+    table = [line.split() for line in lines if line.startswith(str(path / "part-"))]
+    assert [(row[1], row[2]) for row in table] == [("300", "3")] * 3 + [("100", "1")]
+
+
+def test_inspect_json_matches_the_footers(make_dataset, capsys) -> None:
+    path = make_dataset(ROWS)
+    code, out, _ = run(capsys, "inspect", path, "--json")
+    assert code == 0
+    facts = json.loads(out)
+    footers = [pq.read_metadata(f) for f in sorted(path.glob("*.parquet"))]
+    assert facts["num_files"] == len(facts["files"]) == 4
+    assert facts["num_rows"] == ROWS
+    assert facts["num_row_groups"] == 10
+    assert [f["num_rows"] for f in facts["files"]] == [300, 300, 300, 100]
+    assert [f["num_row_groups"] for f in facts["files"]] == [md.num_row_groups for md in footers]
+    assert [f["name"] for f in facts["schema"]] == ["id", "x", "tokens", "text"]
+    assert facts["schema"][0]["type"] == "int64"
+    assert facts["compression"] == ["SNAPPY"]
+    groups = [md.row_group(i) for md in footers for i in range(md.num_row_groups)]
+    assert facts["uncompressed_bytes"] == sum(g.total_byte_size for g in groups)
+    chunks = [g.column(j) for g in groups for j in range(g.num_columns)]
+    assert facts["compressed_bytes"] == sum(c.total_compressed_size for c in chunks)
+    assert facts["compressed_bytes"] < sum(f.stat().st_size for f in path.glob("*.parquet"))
+
+
+def test_inspect_columns_projects_schema_and_bytes(make_dataset, capsys) -> None:
+    path = make_dataset(ROWS)
+    _, out, _ = run(capsys, "inspect", path, "--json")
+    everything = json.loads(out)
+    code, out, _ = run(capsys, "inspect", path, "--columns", "id, tokens", "--json")
+    assert code == 0
+    facts = json.loads(out)
+    assert [f["name"] for f in facts["schema"]] == ["id", "tokens"]
+    assert facts["num_rows"] == ROWS
+    assert 0 < facts["compressed_bytes"] < everything["compressed_bytes"]
+
+
+def test_inspect_shows_twenty_files_then_a_count(make_dataset, capsys) -> None:
+    path = make_dataset(250, rows_per_file=10, row_group_size=10, extra=False)
+    code, out, _ = run(capsys, "inspect", path)
+    assert code == 0
+    assert sum(line.startswith(str(path / "part-")) for line in out.splitlines()) == 20
+    assert out.splitlines()[-1] == "... 5 more"
+    _, out, _ = run(capsys, "inspect", path, "--json")
+    assert len(json.loads(out)["files"]) == 25
+
+
+def test_inspect_unknown_column_fails_naming_it(make_dataset, capsys) -> None:
+    code, _, err = run(capsys, "inspect", make_dataset(100), "--columns", "nope")
+    assert code == 1
+    assert err.startswith("pqloader: ") and "'nope'" in err
+
+
+def test_inspect_missing_path_fails_naming_it(tmp_path, capsys) -> None:
+    missing = tmp_path / "no-such-dataset"
+    code, out, err = run(capsys, "inspect", missing)
+    assert (code, out) == (1, "")
+    assert err.startswith("pqloader: ") and str(missing) in err
+
+
+def test_inspect_non_parquet_file_fails_naming_it(tmp_path, capsys) -> None:
+    bogus = write_csv(tmp_path / "data.csv", 3)
+    code, _, err = run(capsys, "inspect", bogus)
+    assert code == 1
+    assert err.startswith("pqloader: ") and str(bogus) in err and "Parquet" in err
+
+
+# -- write ---------------------------------------------------------------------------------------
+def test_write_csv_round_trip(tmp_path, capsys) -> None:
+    src, dst = write_csv(tmp_path / "in.csv", 500), tmp_path / "out"
+    code, out, err = run(capsys, "write", src, dst, "--no-progress")
+    assert code == 0, err
+    assert out == f"wrote 1 file, 500 rows to {dst}\n"
+    assert err == ""
+    assert all_rows(dst) == expected_rows(500)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".ndjson", ".json"])
+def test_write_json_lines_round_trip(tmp_path, capsys, suffix) -> None:
+    src, dst = tmp_path / f"in{suffix}", tmp_path / "out"
+    src.write_text("".join(json.dumps(row) + "\n" for row in expected_rows(300)))
+    code, out, err = run(capsys, "write", src, dst, "--no-progress")
+    assert code == 0, err
+    assert "300 rows" in out
+    assert all_rows(dst) == expected_rows(300)
+
+
+def test_write_parquet_round_trip(make_dataset, tmp_path, capsys) -> None:
+    src, dst = make_dataset(ROWS), tmp_path / "copy"
+    code, out, err = run(capsys, "write", src, dst, "--no-progress", "--rows-per-file", 400)
+    assert code == 0, err
+    assert out == f"wrote 3 files, 1,000 rows to {dst}\n"
+    assert pqloader.ParquetDataset(dst).schema.equals(pqloader.ParquetDataset(src).schema)
+    assert all_rows(dst) == all_rows(src)
+
+
+def test_write_parquet_keeps_hive_partition_columns(tmp_path, capsys) -> None:
+    src, dst = tmp_path / "hive", tmp_path / "out"
+    for year in (2020, 2021):
+        (src / f"year={year}").mkdir(parents=True)
+        pq.write_table(pa.table({"v": [1, 2]}), src / f"year={year}" / "a.parquet")
+    code, _, err = run(capsys, "write", src, dst, "--no-progress")
+    assert code == 0, err
+    assert all_rows(dst) == [{"v": v, "year": y} for y in (2020, 2021) for v in (1, 2)]
+
+
+def test_write_respects_rows_per_file_and_row_group_size(tmp_path, capsys) -> None:
+    src, dst = write_csv(tmp_path / "in.csv", 1000), tmp_path / "out"
+    code, _, err = run(capsys, "write", src, dst, "--no-progress", "--rows-per-file", 300,
+                       "--row-group-size", 100, "--compression", "zstd")
+    assert code == 0, err
+    footers = [pq.read_metadata(f) for f in sorted(dst.glob("part-*.parquet"))]
+    assert [md.num_rows for md in footers] == [300, 300, 300, 100]
+    groups = [md.row_group(i) for md in footers for i in range(md.num_row_groups)]
+    assert [g.num_rows for g in groups] == [100] * 10
+    assert {g.column(0).compression for g in groups} == {"ZSTD"}
+
+
+def test_write_shows_progress_unless_told_not_to(tmp_path, capsys) -> None:
+    src = write_csv(tmp_path / "in.csv", 10)
+    assert run(capsys, "write", src, tmp_path / "a")[2].count("writing a") >= 1
+    assert run(capsys, "write", src, tmp_path / "b", "--no-progress")[2] == ""
+
+
+def test_write_format_flag_overrides_the_extension(tmp_path, capsys) -> None:
+    src = write_csv(tmp_path / "in.txt", 5)
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--format", "csv",
+                       "--no-progress")
+    assert code == 0, err
+    assert all_rows(tmp_path / "out") == expected_rows(5)
+
+
+def test_write_refuses_a_full_directory_without_overwrite(tmp_path, capsys) -> None:
+    src, dst = write_csv(tmp_path / "in.csv", 5), tmp_path / "out"
+    assert run(capsys, "write", src, dst, "--no-progress")[0] == 0
+    code, _, err = run(capsys, "write", src, dst, "--no-progress")
+    assert code == 1
+    assert str(dst) in err and "--overwrite" in err
+    assert run(capsys, "write", src, dst, "--no-progress", "--overwrite")[0] == 0
+    assert all_rows(dst) == expected_rows(5)
+
+
+def test_write_refuses_to_write_into_its_input(make_dataset, capsys) -> None:
+    src = make_dataset(100)
+    code, _, err = run(capsys, "write", src, src, "--overwrite", "--no-progress")
+    assert code == 2 and "overlap" in err
+    assert run(capsys, "write", src, src / "copy", "--no-progress")[0] == 2
+    assert len(pqloader.ParquetDataset(src)) == 100  # the input is untouched
+
+
+def test_write_unknown_format_is_a_usage_error(tmp_path, capsys) -> None:
+    src = tmp_path / "data.xlsx"
+    src.write_text("x")
+    code, out, err = run(capsys, "write", src, tmp_path / "out")
+    assert (code, out) == (2, "")
+    assert str(src) in err and "--format" in err
+    assert all(fmt in err for fmt in ("csv", "jsonl", "parquet"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_write_missing_input_fails_naming_it(tmp_path, capsys) -> None:
+    missing = tmp_path / "missing.csv"
+    code, _, err = run(capsys, "write", missing, tmp_path / "out")
+    assert code == 1
+    assert err.startswith("pqloader: ") and str(missing) in err
+
+
+def test_write_non_parquet_input_fails_naming_it(tmp_path, capsys) -> None:
+    src = write_csv(tmp_path / "in.csv", 5)
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--format", "parquet")
+    assert code == 1
+    assert err.startswith("pqloader: ") and str(src) in err
+
+
+def test_write_bad_csv_row_fails_naming_the_file(tmp_path, capsys) -> None:
+    src = write_csv(tmp_path / "in.csv", 100_000)
+    with src.open("a") as f:
+        f.write("oops,1,x\n")
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1
+    assert err.startswith(f"pqloader: {src}: ") and "'oops'" in err
+
+
+def test_write_failure_says_which_files_it_left(tmp_path, capsys) -> None:
+    src, dst = write_csv(tmp_path / "in.csv", 100_000), tmp_path / "out"
+    with src.open("a") as f:
+        f.write("oops,1,x\n")
+    code, _, err = run(capsys, "write", src, dst, "--no-progress", "--rows-per-file", 10_000)
+    assert code == 1
+    left = len(list(dst.glob("part-*.parquet")))
+    assert left > 0 and f"{dst} keeps {left} files written before the error" in err
+
+
+def test_write_reads_compressed_csv(tmp_path, capsys) -> None:
+    src = tmp_path / "in.csv.gz"
+    src.write_bytes(gzip.compress(write_csv(tmp_path / "in.csv", 20).read_bytes()))
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 0, err
+    assert all_rows(tmp_path / "out") == expected_rows(20)
+
+
+def test_write_header_only_csv_writes_nothing(tmp_path, capsys) -> None:
+    src = tmp_path / "empty.csv"
+    src.write_text("id,name\n")
+    code, out, _ = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert (code, out) == (0, f"wrote 0 files, 0 rows to {tmp_path / 'out'}\n")
+
+
+def test_write_bad_json_fails_naming_the_file(tmp_path, capsys) -> None:
+    src = tmp_path / "array.json"
+    src.write_text('[{"a": 1}, {"a": 2}]')
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1
+    assert err.startswith(f"pqloader: {src}: ") and "JSON Lines" in err
+
+
+# -- usage ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    [],
+    ["bogus"],
+    ["inspect"],
+    ["inspect", "x", "--nope"],
+    ["inspect", "x", "--columns", ","],
+    ["write", "in.csv"],
+    ["write", "in.csv", "out", "--format", "xlsx"],
+    ["write", "in.csv", "out", "--rows-per-file", "0"],
+    ["write", "in.csv", "out", "--row-group-size", "many"],
+    ["write", "in.csv", "out", "--compression", "zip"],
+])
+def test_bad_usage_exits_2(capsys, argv) -> None:
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert "usage: pqloader" in err
+
+
+def test_version_and_help(capsys) -> None:
+    assert run(capsys, "--version") == (0, f"pqloader {pqloader.__version__}\n", "")
+    code, out, _ = run(capsys, "write", "--help")
+    assert code == 0 and "--rows-per-file" in out and "--no-progress" in out
+
+
+def test_python_dash_m_runs_in_a_subprocess(make_dataset) -> None:
+    path = make_dataset(ROWS)
+    done = subprocess.run([sys.executable, "-m", "pqloader", "inspect", str(path), "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["num_rows"] == ROWS
+    missing = subprocess.run([sys.executable, "-m", "pqloader", "inspect", str(path / "nope")],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("pqloader: ") and "nope" in missing.stderr
