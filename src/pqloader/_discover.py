@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from ._errors import (
 )
 
 _GLOB_CHARS = set("*?[")
+_INT_TEXT = re.compile(r"-?[0-9]+")  # ASCII only: str.isdigit() also accepts '²'
 _MAX_FOOTER_THREADS = 32
 
 
@@ -127,6 +129,10 @@ def _read_footer(path: Path) -> pq.FileMetaData:
         ) from exc
 
 
+def _is_int64_text(value: str) -> bool:
+    return bool(_INT_TEXT.fullmatch(value)) and -(2**63) <= int(value) < 2**63
+
+
 def _partition_schema(entries: Sequence[FileEntry]) -> pa.Schema:
     keys = [k for k, _ in entries[0].partition]
     for entry in entries[1:]:
@@ -140,7 +146,7 @@ def _partition_schema(entries: Sequence[FileEntry]) -> pa.Schema:
     for i, key in enumerate(keys):
         values = [e.partition[i][1] for e in entries]
         present = [v for v in values if v is not None]
-        is_int = bool(present) and all(v.lstrip("-").isdigit() for v in present)
+        is_int = bool(present) and all(_is_int64_text(v) for v in present)
         fields.append(pa.field(key, pa.int64() if is_int else pa.string()))
     return pa.schema(fields)
 

@@ -31,17 +31,41 @@ def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.Re
     return schema, gen()
 
 
+def _check_keys(chunk: list[Any], names: frozenset[str], first_row: int) -> None:
+    # pyarrow takes the columns from the first row's keys and drops other keys silently.
+    for k, row in enumerate(chunk):
+        if not isinstance(row, dict):
+            raise DataError(f"row {first_row + k} is a {type(row).__name__}, the first rows "
+                            "are dicts; give an iterable of dicts only")
+        if not row.keys() <= names:
+            extra = sorted(map(str, row.keys() - names))
+            raise DataError(
+                f"row {first_row + k} has keys {extra} that the first row lacks (it has "
+                f"{sorted(names)}); give every row the same keys, or write a pyarrow Table "
+                "with an explicit schema"
+            )
+
+
 def _dict_batches(first: dict[str, Any], rest: Iterator[Any],
                   chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     rows = itertools.chain([first], rest)
     head = list(itertools.islice(rows, chunk_rows))
-    first_table = pa.Table.from_pylist(head)
+    names = frozenset(first)  # as pyarrow: the columns are the first row's keys
+    _check_keys(head, names, 0)
+    try:
+        first_table = pa.Table.from_pylist(head)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise DataError(
+            f"the first {len(head)} rows do not make one table: {exc}; make every row's "
+            "values of a key the same type"
+        ) from exc
     schema = first_table.schema
 
     def gen() -> Iterator[pa.RecordBatch]:
         yield from first_table.to_batches()
         done = len(head)
         while chunk := list(itertools.islice(rows, chunk_rows)):
+            _check_keys(chunk, names, done)
             try:
                 table = pa.Table.from_pylist(chunk, schema=schema)
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:

@@ -1,12 +1,15 @@
-"""Every error pqloader raises: its class, its builtin base, and a message naming what is at fault."""
+"""Every error pqloader raises: its class, its builtin base, and a message naming the culprit."""
 
 from __future__ import annotations
 
+import gc
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -19,6 +22,32 @@ FAST_S = 10.0  # "within seconds": generous for a loaded 2-core machine, far bel
 def _table(rows: int = 1000, start: int = 0) -> pa.Table:
     ids = np.arange(start, start + rows, dtype=np.int64)
     return pa.table({"id": ids, "text": [f"row {i}" for i in ids]})
+
+
+def _drop_tracebacks(exc: BaseException | None) -> None:
+    # A worker error re-raised by torch sits in a reference cycle (exception -> traceback ->
+    # frame -> exception) that also holds torch's iterator. Left to the cyclic GC, the iterator's
+    # __del__ then runs after the queues' finalizers and waits 2 x 5 s for its workers. Cutting
+    # the traceback lets reference counting shut the workers down at once.
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+
+
+def drain(loader: Iterable[Any]) -> tuple[BaseException | None, list[int], float]:
+    """Iterate ``loader``: (the error it raised or None, the ids seen before it, seconds)."""
+    seen: list[int] = []
+    start = time.monotonic()
+    try:
+        for batch in loader:
+            seen.extend(batch["id"].tolist())
+    except Exception as exc:
+        elapsed = time.monotonic() - start
+        _drop_tracebacks(exc)
+        return exc, seen, elapsed
+    return None, seen, time.monotonic() - start
 
 
 def _assert_error(exc: BaseException, cls: type, builtin: type, *names: object) -> None:
@@ -109,19 +138,16 @@ def test_corrupt_page_via_getitem(corrupt_dataset: tuple[Path, Path]) -> None:
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
 def test_corrupt_page_via_loader(corrupt_dataset: tuple[Path, Path], worker_type: str) -> None:
     root, bad = corrupt_dataset
-    ds = pqloader.DataLoader(pqloader.ParquetDataset(root), batch_size=100, num_workers=2,
-                             worker_type=worker_type)  # type: ignore[arg-type]
-    seen = 0
-    start = time.monotonic()
-    with pytest.raises(OSError) as info:
-        for batch in ds:
-            seen += len(batch["id"])
-    assert time.monotonic() - start < FAST_S
-    assert seen < 2000
-    assert isinstance(info.value, pqloader.CorruptFileError)  # torch re-raises the type
-    assert str(bad) in str(info.value)
-    if worker_type == "thread":  # torch's re-raise keeps only the message and traceback text
-        assert "row group 1" in str(info.value)
+    loader = pqloader.DataLoader(pqloader.ParquetDataset(root), batch_size=100, num_workers=2,
+                                 worker_type=worker_type)  # type: ignore[arg-type]
+    exc, seen, elapsed = drain(loader)
+    assert elapsed < FAST_S
+    assert exc is not None, "the epoch ended without an error"
+    assert len(seen) < 2000
+    assert isinstance(exc, pqloader.CorruptFileError)  # torch re-raises the same type
+    assert isinstance(exc, OSError)
+    assert str(bad) in str(exc)
+    assert "row group 1" in str(exc)
 
 
 # -- schemas and columns --------------------------------------------------------------------------
@@ -202,18 +228,42 @@ def test_struct_column_rejected_at_construction(tmp_path: Path) -> None:
     assert sum(len(b["id"]) for b in batches) == 10
     rows = list(pqloader.DataLoader(ds, batch_size=4, num_workers=0,
                                     collate_fn=lambda rb: rb.column("meta").to_pylist()))
-    assert sum(rows, []) == [{"a": i} for i in range(10)]
+    assert [r for batch in rows for r in batch] == [{"a": i} for i in range(10)]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_nulls_in_int_column(tmp_path: Path, num_workers: int) -> None:
+@pytest.mark.parametrize("mode", [
+    pytest.param({"num_workers": 0}, id="inline"),
+    pytest.param({"num_workers": 2}, id="threads"),
+    pytest.param({"num_workers": 2, "worker_type": "process"}, id="processes"),
+])
+def test_nulls_in_int_column(tmp_path: Path, mode: dict[str, Any]) -> None:
     ids = pa.array([None if i == 37 else i for i in range(100)], pa.int64())
     pq.write_table(pa.table({"id": ids}), tmp_path / "part-00000.parquet", row_group_size=25)
+    loader = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=10, **mode)
+    exc, _, _ = drain(loader)
+    assert exc is not None
+    _assert_error(exc, pqloader.DataError, ValueError, "'id'", "null")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_pipeline.py Stages.load: the DataError that _collate.prepare raises for nulls "
+    "names the column but not the file and row group (DESIGN: errors name the file and row "
+    "group); catch PQLoaderError there and add_note the window's files and row groups",
+)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_nulls_error_names_the_file(tmp_path: Path, num_workers: int) -> None:
+    pq.write_table(pa.table({"id": pa.array(range(100), pa.int64())}), tmp_path / "a.parquet")
+    bad = tmp_path / "b.parquet"
+    ids = pa.array([None if i == 137 else i for i in range(100, 200)], pa.int64())
+    pq.write_table(pa.table({"id": ids}), bad, row_group_size=50)
     loader = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=10,
                                  num_workers=num_workers)
-    with pytest.raises(ValueError) as info:
-        list(loader)
-    _assert_error(info.value, pqloader.DataError, ValueError, "'id'", "null")
+    exc, _, _ = drain(loader)
+    assert isinstance(exc, pqloader.DataError)
+    told = "\n".join([str(exc), *getattr(exc, "__notes__", [])])
+    assert str(bad) in told
+    assert "row group 0" in told
 
 
 # -- failures in the workers ----------------------------------------------------------------------
@@ -253,15 +303,13 @@ def test_failing_transform_reaches_caller(make_dataset: Any, mode: dict[str, Any
                                           bad: int) -> None:
     ds = pqloader.ParquetDataset(make_dataset(1000), columns=["id"])
     loader = pqloader.DataLoader(ds, batch_size=50, shuffle=True, transform=Boom(bad), **mode)
-    seen: list[int] = []
-    start = time.monotonic()
-    with pytest.raises(ValueError, match="boom") as info:
-        for batch in loader:
-            seen.extend(batch["id"].tolist())
-    assert time.monotonic() - start < FAST_S
-    assert type(info.value) is ValueError  # the original type, not a wrapper
+    exc, seen, elapsed = drain(loader)
+    assert elapsed < FAST_S
+    assert exc is not None, "the epoch ended, shorter, without the transform's error"
+    assert type(exc) is ValueError  # the original type, not a wrapper
+    assert "boom" in str(exc)
     assert bad not in seen
-    assert len(seen) < 1000  # never a silently shorter epoch that ends without an error
+    assert len(seen) < 1000
 
 
 def test_failing_transform_names_its_batch(make_dataset: Any) -> None:
@@ -292,12 +340,10 @@ def test_failing_transform_names_its_batch(make_dataset: Any) -> None:
 def test_timeout(make_dataset: Any, mode: dict[str, Any]) -> None:
     ds = pqloader.ParquetDataset(make_dataset(200), columns=["id"])
     loader = pqloader.DataLoader(ds, batch_size=50, transform=Sleepy(3), timeout=0.5, **mode)
-    start = time.monotonic()
-    with pytest.raises(TimeoutError) as info:
-        list(loader)
-    elapsed = time.monotonic() - start
-    assert isinstance(info.value, pqloader.LoaderTimeoutError)
-    assert "timeout" in str(info.value)
+    exc, _, elapsed = drain(loader)
+    assert isinstance(exc, pqloader.LoaderTimeoutError)
+    assert isinstance(exc, TimeoutError)
+    assert "timeout" in str(exc)
     assert elapsed < 2.0, f"LoaderTimeoutError came after {elapsed:.1f} s, not ~0.5 s"
 
 
@@ -306,7 +352,45 @@ def test_timeout_threads_eventually_raises(make_dataset: Any) -> None:
     ds = pqloader.ParquetDataset(make_dataset(200), columns=["id"])
     loader = pqloader.DataLoader(ds, batch_size=50, transform=Sleepy(1.5), timeout=0.5,
                                  num_workers=2)
-    start = time.monotonic()
-    with pytest.raises(pqloader.LoaderTimeoutError):
-        list(loader)
-    assert time.monotonic() - start < FAST_S
+    exc, _, elapsed = drain(loader)
+    assert isinstance(exc, pqloader.LoaderTimeoutError)
+    assert elapsed < FAST_S
+
+
+def _children_left(before: set[int], wait_s: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = [p for p in psutil.Process().children(recursive=True)
+                if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_loader.py _iter_processes: after a worker error the torch iterator is only "
+    "reachable from the error's traceback cycle, so its worker processes live on until a GC "
+    "pass, whose __del__ then blocks 2 x 5 s; shut the iterator down in a finally",
+)
+def test_worker_processes_exit_after_error(make_dataset: Any) -> None:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    ds = pqloader.ParquetDataset(make_dataset(200), columns=["id"])
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_type="process",
+                                 transform=Boom(120))
+    error: BaseException | None = None
+    gc.disable()  # an automatic collection would hide (and pay 10 s for) what is tested here
+    try:
+        try:
+            for _ in loader:
+                pass
+        except ValueError as exc:
+            error = exc
+        assert error is not None
+        left = _children_left(before, wait_s=2.0)
+    finally:
+        gc.enable()
+        _drop_tracebacks(error)  # whatever the outcome, free the workers now
+        del error
+        gc.collect()
+    assert not left, f"worker processes still running after the error: {left}"

@@ -1,0 +1,339 @@
+"""ParquetDataset: structure, projection, map-style access, layouts, and torch samplers."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.utils.data
+
+import pqloader
+
+
+@pytest.fixture
+def dataset_path(make_dataset: Any) -> Path:
+    """1000 rows in 4 files (300, 300, 300, 100 rows) of row groups of 100 rows."""
+    return make_dataset(1000)
+
+
+def _expected_row(i: int) -> dict[str, Any]:
+    return {"id": i, "tokens": list(range(i % 5)), "text": f"row {i}"}
+
+
+# -- structure ------------------------------------------------------------------------------------
+def test_structure(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path)
+    assert len(ds) == 1000
+    assert ds.files == [str(dataset_path / f"part-{i:05d}.parquet") for i in range(4)]
+    assert ds.num_row_groups == 10
+    assert ds.fragment_rows.tolist() == [100] * 10
+    assert list(ds.columns) == ["id", "x", "tokens", "text"]
+    assert ds.columns["id"] == pa.int64()
+    assert ds.columns["x"] == pa.float32()
+    assert pa.types.is_list(ds.columns["tokens"])
+    assert ds.columns["tokens"].value_type == pa.int32()
+    assert ds.columns["text"] == pa.string()
+    assert isinstance(ds.schema, pa.Schema)
+    assert ds.schema.names == ["id", "x", "tokens", "text"]
+    assert [ds.schema.field(n).type for n in ds.schema.names] == list(ds.columns.values())
+
+
+def test_repr(dataset_path: Path) -> None:
+    text = repr(pqloader.ParquetDataset(dataset_path))
+    assert text.startswith("ParquetDataset(")
+    for part in ("1,000 rows", "4 files", "10 row groups", "id: int64", "x: float", "text:"):
+        assert part in text
+
+
+def test_fragment_rows_is_read_only(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path)
+    with pytest.raises(ValueError):
+        ds.fragment_rows[0] = 5
+    assert len(ds) == 1000
+
+
+def test_columns_projection_and_order(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["text", "id"])
+    assert list(ds.columns) == ["text", "id"]
+    assert ds.schema.names == ["text", "id"]
+    assert list(ds[7]) == ["text", "id"]
+    assert ds[7] == {"text": "row 7", "id": 7}
+    batch = next(iter(pqloader.DataLoader(ds, batch_size=4, num_workers=0)))
+    assert list(batch) == ["text", "id"]
+
+
+def test_columns_must_be_a_list(dataset_path: Path) -> None:
+    with pytest.raises(pqloader.InvalidArgumentError, match="columns"):
+        pqloader.ParquetDataset(dataset_path, columns="id")  # type: ignore[arg-type]
+
+
+def test_columns_named_twice(dataset_path: Path) -> None:
+    with pytest.raises(pqloader.ColumnNotFoundError, match="twice"):
+        pqloader.ParquetDataset(dataset_path, columns=["id", "id"])
+
+
+# -- map-style access -----------------------------------------------------------------------------
+def test_getitem(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id", "tokens", "text"])
+    for i in (0, 1, 99, 100, 299, 300, 555, 999):
+        assert ds[i] == _expected_row(i)
+    assert ds[np.int64(42)] == _expected_row(42)
+    x = pqloader.ParquetDataset(dataset_path, columns=["x"])[3]["x"]
+    assert isinstance(x, float)
+
+
+def test_getitem_negative(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    assert ds[-1] == {"id": 999}
+    assert ds[-1000] == {"id": 0}
+    assert ds[-301] == {"id": 699}
+
+
+@pytest.mark.parametrize("index", [1000, 5000, -1001, -1500, -2000, -5000])
+def test_getitem_out_of_range(dataset_path: Path, index: int) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    with pytest.raises(IndexError) as info:
+        ds[index]
+    assert str(index) in str(info.value)  # the message names the row asked for
+    with pytest.raises(IndexError):
+        ds.__getitems__([0, index])
+
+
+def test_getitem_rejects_non_int(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    with pytest.raises(TypeError):
+        ds[1.5]  # type: ignore[index]
+    with pytest.raises(TypeError):
+        ds["id"]  # type: ignore[index]
+
+
+def test_getitems_in_asked_order(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id", "tokens", "text"])
+    indices = [999, 0, 555, 101, 100, 555, -2, 300, 7]
+    rows = ds.__getitems__(indices)
+    assert rows == [_expected_row(i % 1000) for i in indices]
+    assert ds.__getitems__([]) == []
+    assert ds.__getitems__(np.array([5, 3])) == [_expected_row(5), _expected_row(3)]
+
+
+def test_getitems_random_access_matches_table(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path)
+    table = pq.read_table(dataset_path)
+    rng = np.random.default_rng(0)
+    indices = rng.integers(0, 1000, size=300).tolist()
+    assert ds.__getitems__(indices) == table.take(indices).to_pylist()
+
+
+def test_dataset_pickles(dataset_path: Path) -> None:
+    import pickle
+
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id", "text"])
+    ds[5]  # warm the row-group cache, which must not travel
+    copy = pickle.loads(pickle.dumps(ds))
+    assert len(copy) == 1000
+    assert copy.columns == ds.columns
+    assert copy[-1] == {"id": 999, "text": "row 999"}
+
+
+# -- layouts --------------------------------------------------------------------------------------
+def test_spark_layout(tmp_path: Path) -> None:
+    root = tmp_path / "spark"
+    root.mkdir()
+    for i in range(3):
+        name = f"part-{i:05d}-3f2a9c1e-c000.snappy.parquet"
+        ids = np.arange(i * 10, i * 10 + 10)
+        pq.write_table(pa.table({"id": ids}), root / name)
+        (root / f".{name}.crc").write_bytes(b"\x00crc\x01")
+    (root / "_SUCCESS").touch()
+    (root / "._SUCCESS.crc").write_bytes(b"crc")
+    (root / "_committed_123").write_text("{}")
+    ds = pqloader.ParquetDataset(root)
+    assert len(ds) == 30
+    assert len(ds.files) == 3
+    assert all(Path(f).name.startswith("part-") for f in ds.files)
+    assert [r["id"] for r in ds.__getitems__(range(30))] == list(range(30))
+
+
+def test_hidden_directories_are_skipped(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    (root / "_temporary" / "0").mkdir(parents=True)
+    (root / ".staging").mkdir()
+    pq.write_table(pa.table({"id": [1, 2]}), root / "part-0.parquet")
+    (root / "_temporary" / "0" / "part-junk.parquet").write_text("half written")
+    (root / ".staging" / "part-junk.parquet").write_text("half written")
+    assert len(pqloader.ParquetDataset(root)) == 2
+
+
+def _write_hive(root: Path) -> None:
+    rows = 0
+    for year in (2020, 2021):
+        for country in ("007", "fr", "us"):  # the order folders are walked in
+            folder = root / f"year={year}" / f"country={country}"
+            folder.mkdir(parents=True)
+            pq.write_table(pa.table({"id": np.arange(rows, rows + 4)}), folder / "part-0.parquet")
+            rows += 4
+
+
+def test_hive_partitions(tmp_path: Path) -> None:
+    _write_hive(tmp_path)
+    ds = pqloader.ParquetDataset(tmp_path)
+    assert ds.columns == {"id": pa.int64(), "year": pa.int64(), "country": pa.string()}
+    assert len(ds) == 24
+    assert ds[0] == {"id": 0, "year": 2020, "country": "007"}  # '007' mixed with text: a string
+    assert ds[23] == {"id": 23, "year": 2021, "country": "us"}
+    batch = next(iter(pqloader.DataLoader(ds, batch_size=24, num_workers=0)))
+    assert batch["year"].dtype == torch.int64
+    assert batch["year"].tolist() == [2020] * 12 + [2021] * 12
+    assert batch["country"][:12] == ["007"] * 4 + ["fr"] * 4 + ["us"] * 4
+
+
+def test_hive_partitions_projection(tmp_path: Path) -> None:
+    _write_hive(tmp_path)
+    ds = pqloader.ParquetDataset(tmp_path, columns=["country", "id"])
+    assert list(ds.columns) == ["country", "id"]
+    assert ds[5] == {"country": "fr", "id": 5}
+    only_partition = pqloader.ParquetDataset(tmp_path, columns=["year"])
+    assert [r["year"] for r in only_partition.__getitems__([0, 23])] == [2020, 2021]
+
+
+@pytest.mark.parametrize(
+    ("values", "kind"),
+    [
+        (["1", "-12", "007"], pa.int64()),
+        (["1", "__HIVE_DEFAULT_PARTITION__"], pa.int64()),  # a null partition
+        (["1", "a"], pa.string()),
+        (["1", "--5"], pa.string()),  # once taken for an int, then failed in int()
+        (["1", "99999999999999999999"], pa.string()),  # beyond int64
+        (["1", "\u00b2"], pa.string()),  # str.isdigit() says yes, int() says no
+        (["1.5", "2"], pa.string()),
+    ],
+)
+def test_hive_partition_types(tmp_path: Path, values: list[str], kind: pa.DataType) -> None:
+    for i, value in enumerate(values):
+        folder = tmp_path / f"k={value}"
+        folder.mkdir()
+        pq.write_table(pa.table({"id": [i]}), folder / "part-0.parquet")
+    ds = pqloader.ParquetDataset(tmp_path)
+    assert ds.columns["k"] == kind
+    got = {r["id"]: r["k"] for r in ds.__getitems__(range(len(values)))}
+    for i, value in enumerate(values):
+        if value == "__HIVE_DEFAULT_PARTITION__":
+            assert got[i] is None
+        else:
+            assert got[i] == (int(value) if kind == pa.int64() else value)
+
+
+def test_glob_source(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(str(dataset_path / "part-0000[12].parquet"))
+    assert len(ds) == 600
+    assert ds[0]["id"] == 300
+    everything = pqloader.ParquetDataset(str(dataset_path / "*.parquet"))
+    assert len(everything) == 1000
+
+
+def test_recursive_glob_source(tmp_path: Path) -> None:
+    _write_hive(tmp_path)
+    ds = pqloader.ParquetDataset(str(tmp_path / "**" / "*.parquet"))
+    assert len(ds) == 24
+    assert list(ds.columns) == ["id"]  # a glob has no root: no partition columns
+
+
+def test_list_of_files(dataset_path: Path) -> None:
+    files = [dataset_path / "part-00003.parquet", str(dataset_path / "part-00000.parquet")]
+    ds = pqloader.ParquetDataset(files)
+    assert len(ds) == 400
+    assert ds[0]["id"] == 900  # the list's order, not sorted
+    assert ds[100]["id"] == 0
+
+
+def test_single_file_and_file_url(dataset_path: Path) -> None:
+    path = dataset_path / "part-00001.parquet"
+    assert len(pqloader.ParquetDataset(path)) == 300
+    assert len(pqloader.ParquetDataset(f"file://{path}")) == 300
+
+
+def test_remote_url_is_refused_clearly(tmp_path: Path) -> None:
+    with pytest.raises(pqloader.DatasetNotFoundError, match="s3://bucket/data"):
+        pqloader.ParquetDataset("s3://bucket/data")
+
+
+def test_list_element_vs_item(tmp_path: Path) -> None:
+    tokens = pa.array([[i] * (i % 3) for i in range(10)], pa.list_(pa.int32()))
+    table = pa.table({"id": np.arange(10), "tokens": tokens})
+    pq.write_table(table.slice(0, 5), tmp_path / "a.parquet", use_compliant_nested_type=True)
+    pq.write_table(table.slice(5), tmp_path / "b.parquet", use_compliant_nested_type=False)
+    names = {pq.read_schema(tmp_path / f).field("tokens").type.value_field.name
+             for f in ("a.parquet", "b.parquet")}
+    assert names == {"element", "item"}
+    ds = pqloader.ParquetDataset(tmp_path)
+    assert [r["tokens"] for r in ds.__getitems__(range(10))] == tokens.to_pylist()
+    batches = list(pqloader.DataLoader(ds, batch_size=10, num_workers=0))
+    assert batches[0]["tokens_lengths"].tolist() == [i % 3 for i in range(10)]
+
+
+def test_spark_written_list_alongside_pyarrow(tmp_path: Path, make_dataset: Any) -> None:
+    """The same dataset, two files re-written with the other list naming."""
+    src = make_dataset(200, rows_per_file=100)
+    dst = tmp_path / "mixed"
+    shutil.copytree(src, dst)
+    t = pq.read_table(dst / "part-00001.parquet")
+    pq.write_table(t, dst / "part-00001.parquet", use_compliant_nested_type=False)
+    ds = pqloader.ParquetDataset(dst)
+    assert len(ds) == 200
+    assert ds[150]["tokens"] == list(range(150 % 5))
+
+
+# -- torch samplers -------------------------------------------------------------------------------
+def test_sequential_sampler(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=64, sampler=torch.utils.data.SequentialSampler(ds),
+        collate_fn=lambda rows: torch.utils.data.default_collate(
+            [{k: v for k, v in r.items() if k != "tokens"} for r in rows]),
+    )
+    batches = list(loader)
+    assert len(batches) == len(loader) == 16
+    ids = torch.cat([b["id"] for b in batches])
+    assert ids.tolist() == list(range(1000))
+    assert batches[0]["x"].shape == (64,)
+    assert batches[0]["text"][:2] == ["row 0", "row 1"]
+
+
+def test_default_collate_of_rows(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id", "x", "text"])
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=8)))
+    assert batch["id"].tolist() == list(range(8))
+    assert batch["id"].dtype == torch.int64
+    assert batch["x"].shape == (8,)
+    assert batch["text"] == [f"row {i}" for i in range(8)]
+
+
+def test_weighted_random_sampler(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id", "x", "text"])
+    weights = torch.zeros(len(ds), dtype=torch.float64)
+    weights[100:200] = 1.0  # only rows 100..199 can be drawn
+    sampler = torch.utils.data.WeightedRandomSampler(
+        weights, num_samples=500, replacement=True, generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(ds, batch_size=50, sampler=sampler)
+    batches = list(loader)
+    assert len(batches) == 10
+    ids = torch.cat([b["id"] for b in batches])
+    assert len(ids) == 500
+    assert ids.min() >= 100 and ids.max() < 200
+    assert len(set(ids.tolist())) > 50  # really random, with replacement
+    texts = [t for b in batches for t in b["text"]]
+    assert texts == [f"row {i}" for i in ids.tolist()]  # each row is whole
+
+
+def test_sampler_with_torch_workers(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    sampler = torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(1))
+    loader = torch.utils.data.DataLoader(ds, batch_size=100, sampler=sampler, num_workers=2)
+    ids = torch.cat([b["id"] for b in loader])
+    assert sorted(ids.tolist()) == list(range(1000))

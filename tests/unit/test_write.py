@@ -1,0 +1,305 @@
+"""write_dataset: every input kind, sharding, compression, atomic files, lazy streaming."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import pqloader
+
+
+def _table(rows: int, start: int = 0) -> pa.Table:
+    ids = np.arange(start, start + rows, dtype=np.int64)
+    return pa.table({
+        "id": ids,
+        "x": (ids * 0.5).astype(np.float32),
+        "tokens": pa.array([list(range(i % 4)) for i in ids], pa.list_(pa.int32())),
+        "text": [f"row {i}" for i in ids],
+    })
+
+
+def _data_files(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir())
+
+
+def _layout(paths: list[str]) -> list[list[int]]:
+    """Rows of each row group, per file."""
+    out = []
+    for path in paths:
+        md = pq.read_metadata(path)
+        out.append([md.row_group(i).num_rows for i in range(md.num_row_groups)])
+    return out
+
+
+def _assert_round_trip(root: Path, expected: pa.Table) -> None:
+    got = pq.read_table(root)  # plain pyarrow reads the directory
+    assert got.num_rows == expected.num_rows
+    assert got.select(expected.column_names).to_pylist() == expected.to_pylist()
+    ds = pqloader.ParquetDataset(root)
+    assert len(ds) == expected.num_rows
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+def test_table(tmp_path: Path) -> None:
+    table = _table(1000)
+    paths = pqloader.write_dataset(table, tmp_path / "out", rows_per_file=400,
+                                   row_group_size=100)
+    assert paths == [str(tmp_path / "out" / f"part-{i:05d}.parquet") for i in range(3)]
+    assert _layout(paths) == [[100] * 4, [100] * 4, [100] * 2]
+    _assert_round_trip(tmp_path / "out", table)
+    for path in paths:  # each file alone is valid Parquet
+        assert pq.read_table(path).schema.equals(table.schema)
+
+
+def test_record_batch_reader(tmp_path: Path) -> None:
+    table = _table(500)
+    reader = pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=70))
+    paths = pqloader.write_dataset(reader, tmp_path / "out", row_group_size=128)
+    assert _layout(paths) == [[128, 128, 128, 116]]
+    _assert_round_trip(tmp_path / "out", table)
+
+
+def test_iterator_of_record_batches(tmp_path: Path) -> None:
+    table = _table(600)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        yield from table.to_batches(max_chunksize=250)
+
+    paths = pqloader.write_dataset(batches(), tmp_path / "out", rows_per_file=300,
+                                   row_group_size=200)
+    assert _layout(paths) == [[200, 100], [200, 100]]
+    _assert_round_trip(tmp_path / "out", table)
+
+
+def test_pandas_dataframe(tmp_path: Path) -> None:
+    df = pd.DataFrame({
+        "id": np.arange(250, dtype=np.int64),
+        "x": np.linspace(0, 1, 250, dtype=np.float32),
+        "text": [f"row {i}" for i in range(250)],
+    }, index=np.arange(1000, 1250))  # a non-default index is not written
+    paths = pqloader.write_dataset(df, tmp_path / "out", row_group_size=100)
+    assert _layout(paths) == [[100, 100, 50]]
+    back = pq.read_table(tmp_path / "out").to_pandas()
+    assert list(back.columns) == ["id", "x", "text"]
+    pd.testing.assert_frame_equal(back, df.reset_index(drop=True))
+    ds = pqloader.ParquetDataset(tmp_path / "out")
+    assert ds.columns["id"] == pa.int64()
+    assert ds.columns["x"] == pa.float32()
+    assert ds.columns["text"] in (pa.string(), pa.large_string())  # pandas 3: large_string
+    batch = next(iter(pqloader.DataLoader(ds, batch_size=250, num_workers=0)))
+    assert batch["text"] == df["text"].tolist()
+
+
+def test_list_of_dicts(tmp_path: Path) -> None:
+    rows = [{"id": i, "text": f"row {i}", "tokens": list(range(i % 3))} for i in range(30)]
+    paths = pqloader.write_dataset(rows, tmp_path / "out", row_group_size=8)
+    assert _layout(paths) == [[8, 8, 8, 6]]
+    assert pq.read_table(tmp_path / "out").to_pylist() == rows
+
+
+def test_generator_of_dicts_is_consumed_lazily(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    total, group = 50_000, 1000
+    pulled = 0
+    worst_ahead = 0
+
+    def rows() -> Iterator[dict[str, Any]]:
+        nonlocal pulled, worst_ahead
+        for i in range(total):
+            if i % 250 == 0:  # how far ahead of the finished files is the writer pulling?
+                written = group * sum(1 for p in root.glob("part-*.parquet"))
+                worst_ahead = max(worst_ahead, pulled - written)
+            pulled += 1
+            yield {"id": i, "value": float(i)}
+
+    # one row group per file, so finished files count the rows written
+    paths = pqloader.write_dataset(rows(), root, rows_per_file=group, row_group_size=group)
+    assert pulled == total
+    assert len(paths) == total // group
+    assert worst_ahead <= 2 * group, f"pulled {worst_ahead} rows ahead of what was written"
+    ids = pq.read_table(root, columns=["id"]).column("id").to_numpy()
+    assert np.array_equal(ids, np.arange(total))
+
+
+def test_dicts_with_inconsistent_types(tmp_path: Path) -> None:
+    def rows() -> Iterator[dict[str, Any]]:
+        for i in range(20):
+            yield {"id": i if i < 15 else f"id-{i}"}
+
+    root = tmp_path / "out"
+    with pytest.raises(pqloader.DataError, match=r"rows 10\.\.19"):
+        pqloader.write_dataset(rows(), root, row_group_size=10)
+    assert [p.name for p in root.iterdir()] == []  # nothing half-written stays
+
+
+@pytest.mark.parametrize(
+    ("rows", "match"),
+    [
+        pytest.param([{"id": 1}, {"id": 2, "label": 3}], r"row 1 has keys \[.label.\]",
+                     id="extra-key-was-dropped"),
+        pytest.param([{"id": i} for i in range(12)] + [{"id": 12, "label": 0}],
+                     r"row 12 has keys", id="extra-key-in-a-later-chunk"),
+        pytest.param([{"id": 1}, {"id": "a"}], "the first 2 rows",
+                     id="mixed-types-was-a-raw-pyarrow-error"),
+        pytest.param([{"id": 1}, 5], "row 1 is a int", id="not-a-dict"),
+    ],
+)
+def test_dict_rows_that_do_not_agree(tmp_path: Path, rows: list[Any], match: str) -> None:
+    root = tmp_path / "out"
+    with pytest.raises(pqloader.DataError, match=match):
+        pqloader.write_dataset(rows, root, row_group_size=10)
+    assert _data_files(root) == []
+
+
+def test_dict_rows_missing_a_key_get_null(tmp_path: Path) -> None:
+    rows = [{"id": 1, "label": "a"}, {"id": 2}]
+    pqloader.write_dataset(rows, tmp_path / "out")
+    assert pq.read_table(tmp_path / "out").to_pylist() == [{"id": 1, "label": "a"},
+                                                          {"id": 2, "label": None}]
+
+
+@pytest.mark.parametrize("data", [[], iter([]), 42, "text", {"id": [1]}])
+def test_refuses_what_it_cannot_write(tmp_path: Path, data: Any) -> None:
+    with pytest.raises(pqloader.InvalidArgumentError):
+        pqloader.write_dataset(data, tmp_path / "out")
+
+
+# -- sharding and compression ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("rows", "rows_per_file", "row_group_size", "layout"),
+    [
+        (1000, 250, 100, [[100, 100, 50]] * 4),
+        (1000, 1000, 1000, [[1000]]),
+        (1000, 300, 300, [[300]] * 3 + [[100]]),
+        (10, 3, 2, [[2, 1]] * 3 + [[1]]),
+        (7, 100, 100, [[7]]),
+        (1, 1, 1, [[1]]),
+    ],
+)
+def test_rows_per_file_and_row_group_size(tmp_path: Path, rows: int, rows_per_file: int,
+                                          row_group_size: int, layout: list[list[int]]) -> None:
+    table = _table(rows)
+    paths = pqloader.write_dataset(table, tmp_path / "out", rows_per_file=rows_per_file,
+                                   row_group_size=row_group_size)
+    assert _layout(paths) == layout
+    _assert_round_trip(tmp_path / "out", table)
+
+
+@pytest.mark.parametrize("compression", ["none", "snappy", "zstd", "gzip"])
+def test_compression(tmp_path: Path, compression: str) -> None:
+    paths = pqloader.write_dataset(_table(200), tmp_path / "out", compression=compression)
+    md = pq.read_metadata(paths[0])
+    codec = "UNCOMPRESSED" if compression == "none" else compression.upper()
+    for rg in range(md.num_row_groups):
+        for col in range(md.num_columns):
+            assert md.row_group(rg).column(col).compression == codec
+
+
+def test_unknown_compression(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    with pytest.raises(pqloader.InvalidArgumentError, match="compression"):
+        pqloader.write_dataset(_table(10), root, compression="no-such-codec")
+    assert list(root.iterdir()) == []
+
+
+@pytest.mark.parametrize(("name", "value"), [("rows_per_file", 0), ("row_group_size", -1)])
+def test_bad_sizes(tmp_path: Path, name: str, value: int) -> None:
+    with pytest.raises(pqloader.InvalidArgumentError, match=name):
+        pqloader.write_dataset(_table(10), tmp_path / "out", **{name: value})
+
+
+# -- the target directory -------------------------------------------------------------------------
+def test_refuses_non_empty_directory(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    pqloader.write_dataset(_table(100), root, rows_per_file=30)
+    before = {p.name: p.read_bytes() for p in root.iterdir()}
+    with pytest.raises(pqloader.InvalidArgumentError, match="overwrite=True") as info:
+        pqloader.write_dataset(_table(10), root)
+    assert str(root) in str(info.value)
+    assert {p.name: p.read_bytes() for p in root.iterdir()} == before  # untouched
+
+
+def test_overwrite_replaces_parts(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    pqloader.write_dataset(_table(100), root, rows_per_file=30)  # 4 files
+    (root / "_SUCCESS").touch()
+    paths = pqloader.write_dataset(_table(50, start=1000), root, rows_per_file=30,
+                                   overwrite=True)
+    assert len(paths) == 2
+    assert _data_files(root) == ["_SUCCESS", "part-00000.parquet", "part-00001.parquet"]
+    _assert_round_trip(root, _table(50, start=1000))
+
+
+def test_hidden_files_do_not_count_as_data(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    root.mkdir()
+    (root / "_SUCCESS").touch()
+    (root / ".keep").touch()
+    pqloader.write_dataset(_table(10), root)  # no overwrite needed
+    assert len(pqloader.ParquetDataset(root)) == 10
+
+
+def test_path_is_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_text("x")
+    with pytest.raises(pqloader.InvalidArgumentError, match=re.escape(str(path))):
+        pqloader.write_dataset(_table(10), path)
+
+
+# -- atomicity ------------------------------------------------------------------------------------
+def test_no_temp_files_after_success(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    pqloader.write_dataset(_table(1000), root, rows_per_file=300, row_group_size=64)
+    assert _data_files(root) == [f"part-{i:05d}.parquet" for i in range(4)]
+
+
+def test_error_mid_stream_leaves_only_complete_files(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for start in range(0, 10_000, 100):
+            if start == 450 * 10:  # in the middle of the 5th file
+                raise RuntimeError("source failed")
+            yield _table(100, start=start).to_batches()[0]
+
+    with pytest.raises(RuntimeError, match="source failed"):
+        pqloader.write_dataset(batches(), root, rows_per_file=1000, row_group_size=200)
+    names = _data_files(root)
+    assert names == [f"part-{i:05d}.parquet" for i in range(4)]  # no temp, no partial 5th
+    for i, name in enumerate(names):
+        table = pq.read_table(root / name)
+        assert table.column("id").to_pylist() == list(range(i * 1000, (i + 1) * 1000))
+
+
+def test_error_in_first_file_leaves_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for i in range(2500):
+            if i == 2100:
+                raise KeyError("bad row")
+            yield {"id": i}
+
+    with pytest.raises(KeyError, match="bad row"):
+        pqloader.write_dataset(rows(), root, rows_per_file=5000, row_group_size=1000)
+    assert _data_files(root) == []
+
+
+def test_interrupted_by_keyboard_interrupt(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        yield _table(100).to_batches()[0]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pqloader.write_dataset(batches(), root, row_group_size=50)
+    assert _data_files(root) == []
