@@ -181,8 +181,10 @@ class DataLoader:
                 yield item
         finally:
             stop.set()
+            # Threads see the flag within _POLL_S unless a read or transform holds them; they
+            # are daemons, so the caller (an error, a timeout) is never kept waiting for them.
             for t in threads:
-                t.join(timeout=5)
+                t.join(timeout=2 * _POLL_S)
 
     def _get(self, q: queue.Queue[tuple[str, Any]], thread: threading.Thread,
              k: int) -> tuple[str, Any]:
@@ -216,12 +218,20 @@ class DataLoader:
             if w.persistent_workers:
                 self._torch_loader = loader
         loader.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
+        it = iter(loader)
         try:
-            yield from loader
+            yield from it
         except RuntimeError as exc:
-            if "timed out" not in str(exc):
+            if not str(exc).startswith("DataLoader timed out"):
                 raise
+            for process in getattr(it, "_workers", ()):  # stuck: joining them would hang
+                process.terminate()
             raise LoaderTimeoutError(
                 f"no batch from a worker process within timeout={self.workers.timeout} s; "
                 "raise timeout= or look for a slow file system or transform"
             ) from exc
+        finally:
+            # On an error, torch's iterator lives on in the traceback's reference cycle and
+            # its workers with it, until a GC pass blocks on joining them: stop them now.
+            if not self.workers.persistent_workers and hasattr(it, "_shutdown_workers"):
+                it._shutdown_workers()

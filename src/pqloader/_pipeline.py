@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from ._collate import Kind, prepare, to_arrow, to_torch
+from ._errors import PQLoaderError
 from ._plan import Window, WorkerPlan
 from ._read import FragmentReader
 
@@ -62,10 +63,23 @@ class Stages:
         keep_arrow = self.collate_fn is not None
         order = None if window.key is None else window.order()
         columns = {}
-        for name in list(arrow):
-            kind = None if keep_arrow else self.kinds[name]
-            columns[name] = prepare(arrow.pop(name), name, kind, order)
+        try:
+            for name in list(arrow):
+                kind = None if keep_arrow else self.kinds[name]
+                columns[name] = prepare(arrow.pop(name), name, kind, order)
+        except PQLoaderError as exc:
+            exc.add_note(f"in {self.describe(window)}")
+            raise
         return _Loaded(columns, num_rows)
+
+    def describe(self, window: Window) -> str:
+        """The files and row groups a window reads, for error messages."""
+        d = self.reader.discovery
+        parts = [
+            f"{d.files[int(d.file_index[s.fragment])].path} row group "
+            f"{int(d.row_group[s.fragment])}" for s in window.slices
+        ]
+        return "; ".join(parts)
 
 
 def _slice(values: Any, start: int, stop: int) -> Any:

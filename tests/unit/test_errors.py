@@ -245,12 +245,6 @@ def test_nulls_in_int_column(tmp_path: Path, mode: dict[str, Any]) -> None:
     _assert_error(exc, pqloader.DataError, ValueError, "'id'", "null")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_pipeline.py Stages.load: the DataError that _collate.prepare raises for nulls "
-    "names the column but not the file and row group (DESIGN: errors name the file and row "
-    "group); catch PQLoaderError there and add_note the window's files and row groups",
-)
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_nulls_error_names_the_file(tmp_path: Path, num_workers: int) -> None:
     pq.write_table(pa.table({"id": pa.array(range(100), pa.int64())}), tmp_path / "a.parquet")
@@ -324,16 +318,7 @@ def test_failing_transform_names_its_batch(make_dataset: Any) -> None:
 @pytest.mark.parametrize(
     "mode",
     [
-        pytest.param(
-            {"num_workers": 2},
-            id="threads",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="_loader.py _iter_threads: the finally clause joins each worker thread "
-                "(timeout=5) before the LoaderTimeoutError leaves the generator, so the caller "
-                "waits for the slow transform (3 s here) instead of timeout=0.5",
-            ),
-        ),
+        pytest.param({"num_workers": 2}, id="threads"),
         pytest.param({"num_workers": 2, "worker_type": "process"}, id="processes"),
     ],
 )
@@ -348,7 +333,7 @@ def test_timeout(make_dataset: Any, mode: dict[str, Any]) -> None:
 
 
 def test_timeout_threads_eventually_raises(make_dataset: Any) -> None:
-    """Threads do raise the right error, if late (see the xfail above)."""
+    """A transform slower than the timeout but not stuck: the error still comes promptly."""
     ds = pqloader.ParquetDataset(make_dataset(200), columns=["id"])
     loader = pqloader.DataLoader(ds, batch_size=50, transform=Sleepy(1.5), timeout=0.5,
                                  num_workers=2)
@@ -367,12 +352,6 @@ def _children_left(before: set[int], wait_s: float) -> list[psutil.Process]:
         time.sleep(0.05)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_loader.py _iter_processes: after a worker error the torch iterator is only "
-    "reachable from the error's traceback cycle, so its worker processes live on until a GC "
-    "pass, whose __del__ then blocks 2 x 5 s; shut the iterator down in a finally",
-)
 def test_worker_processes_exit_after_error(make_dataset: Any) -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     ds = pqloader.ParquetDataset(make_dataset(200), columns=["id"])
