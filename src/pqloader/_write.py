@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import sys
 import uuid
 from collections.abc import Iterable, Iterator
@@ -128,6 +129,12 @@ class _ShardWriter:
         self.rows_in_file = 0
 
     def write(self, table: pa.Table) -> None:
+        self.open()
+        assert self._writer is not None
+        self._writer.write_table(table, row_group_size=max(1, table.num_rows))
+        self.rows_in_file += table.num_rows
+
+    def open(self) -> None:
         if self._writer is None:
             name = FILE_PATTERN.format(len(self.paths))
             self._tmp = self.root / f".{name}.tmp-{uuid.uuid4().hex}"
@@ -136,8 +143,6 @@ class _ShardWriter:
                                                 compression=self.compression)
             except (pa.ArrowException, ValueError) as exc:
                 raise InvalidArgumentError(f"compression={self.compression!r}: {exc}") from exc
-        self._writer.write_table(table, row_group_size=max(1, table.num_rows))
-        self.rows_in_file += table.num_rows
 
     def finish_file(self) -> None:
         if self._writer is None or self._tmp is None:
@@ -175,7 +180,8 @@ def write_dataset(
         rows_per_file: rows in each file (the last may hold fewer).
         row_group_size: rows in each row group, the unit of reading and shuffling.
         compression: any codec pyarrow knows ("snappy", "zstd", "none", ...).
-        overwrite: replace ``part-*.parquet`` files already in ``path``; otherwise a directory
+        overwrite: replace the ``part-*.parquet`` files already in ``path``, once the new
+            ones are complete (a failure leaves the old dataset whole); otherwise a directory
             holding data files is refused.
         progress: show a tqdm bar; default: when stderr is a terminal.
 
@@ -189,19 +195,41 @@ def write_dataset(
         raise InvalidArgumentError(f"{root}: exists and is not a directory")
     root.mkdir(parents=True, exist_ok=True)
     existing = sorted(p for p in root.iterdir() if not p.name.startswith(("_", ".")))
-    if existing:
-        if not overwrite:
-            raise InvalidArgumentError(
-                f"{root}: already holds {len(existing)} files (e.g. {existing[0].name}); pass "
-                "overwrite=True or choose an empty directory"
-            )
-        for p in existing:
-            if p.is_file() and p.match("part-*.parquet"):
+    if existing and not overwrite:
+        raise InvalidArgumentError(
+            f"{root}: already holds {len(existing)} files (e.g. {existing[0].name}); pass "
+            "overwrite=True or choose an empty directory"
+        )
+    foreign = [p for p in existing if not (p.is_file() and p.match("part-*.parquet"))]
+    if foreign:
+        raise InvalidArgumentError(
+            f"{root}: overwrite=True replaces only part-*.parquet files, but {foreign[0].name} "
+            "is there too and would be read as data; remove it or choose another directory"
+        )
+    # Replacing a dataset: the new files are written aside and swapped in at the end, so a
+    # failure half-way leaves the old dataset whole.
+    staging = root / f".pqloader-staging-{uuid.uuid4().hex}" if existing else root
+    staging.mkdir(exist_ok=True)
+    try:
+        paths = _write_files(data, root, staging, rows_per_file=rows_per_file,
+                             row_group_size=row_group_size, compression=compression,
+                             progress=progress)
+        if staging != root:
+            for p in existing:
                 p.unlink()
+            paths = [str(Path(p).replace(root / Path(p).name)) for p in paths]
+    finally:
+        if staging != root:
+            shutil.rmtree(staging, ignore_errors=True)
+    return paths
+
+
+def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
+                 row_group_size: int, compression: str, progress: bool | None) -> list[str]:
     schema, batches, total = as_batches(data, row_group_size)
     schema = schema.remove_metadata() if schema.metadata and b"pandas" not in schema.metadata \
         else schema
-    writer = _ShardWriter(root, schema, compression)
+    writer = _ShardWriter(staging, schema, compression)
     show = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(total=total, unit="rows", unit_scale=True, disable=not show,
                desc=f"writing {root.name}")
@@ -234,6 +262,8 @@ def write_dataset(
             buffered_rows += batch.num_rows
             flush(final=False)
         flush(final=True)
+        if not writer.paths:
+            writer.open()  # no rows: one file that still carries the schema
         writer.finish_file()
     except BaseException:
         writer.abort()

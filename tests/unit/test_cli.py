@@ -261,11 +261,13 @@ def test_write_reads_compressed_csv(tmp_path, capsys) -> None:
     assert all_rows(tmp_path / "out") == expected_rows(20)
 
 
-def test_write_header_only_csv_writes_nothing(tmp_path, capsys) -> None:
+def test_write_header_only_csv_writes_an_empty_dataset(tmp_path, capsys) -> None:
     src = tmp_path / "empty.csv"
     src.write_text("id,name\n")
     code, out, _ = run(capsys, "write", src, tmp_path / "out", "--no-progress")
-    assert (code, out) == (0, f"wrote 0 files, 0 rows to {tmp_path / 'out'}\n")
+    assert (code, out) == (0, f"wrote 1 file, 0 rows to {tmp_path / 'out'}\n")
+    ds = pqloader.ParquetDataset(tmp_path / "out")
+    assert len(ds) == 0 and list(ds.columns) == ["id", "name"]
 
 
 def test_write_bad_json_fails_naming_the_file(tmp_path, capsys) -> None:

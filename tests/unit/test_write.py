@@ -303,3 +303,47 @@ def test_interrupted_by_keyboard_interrupt(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         pqloader.write_dataset(batches(), root, row_group_size=50)
     assert _data_files(root) == []
+
+
+def test_overwrite_failing_midway_keeps_the_old_dataset(tmp_path: Path) -> None:
+    old = pa.table({"id": list(range(10))})
+    pqloader.write_dataset(old, tmp_path, rows_per_file=4)
+
+    def failing() -> Iterator[dict[str, int]]:
+        for i in range(100):
+            if i == 50:
+                raise RuntimeError("input broke")
+            yield {"id": 1000 + i}
+
+    with pytest.raises(RuntimeError, match="input broke"):
+        pqloader.write_dataset(failing(), tmp_path, rows_per_file=10, row_group_size=5,
+                               overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert pqloader.ParquetDataset(tmp_path).__getitems__(range(10)) == old.to_pylist()
+
+
+def test_overwrite_replaces_the_dataset_whole(tmp_path: Path) -> None:
+    pqloader.write_dataset(pa.table({"id": list(range(10))}), tmp_path, rows_per_file=2)
+    paths = pqloader.write_dataset(pa.table({"id": [7, 8, 9]}), tmp_path, overwrite=True)
+    assert paths == [str(tmp_path / "part-00000.parquet")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part-00000.parquet"]
+    assert len(pqloader.ParquetDataset(tmp_path)) == 3
+
+
+def test_overwrite_refuses_a_directory_with_other_files(tmp_path: Path) -> None:
+    pqloader.write_dataset(pa.table({"id": [1]}), tmp_path)
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(pqloader.InvalidArgumentError, match=r"notes\.txt"):
+        pqloader.write_dataset(pa.table({"id": [2]}), tmp_path, overwrite=True)
+    assert (tmp_path / "notes.txt").exists()
+    assert pq.read_table(tmp_path / "part-00000.parquet")["id"].to_pylist() == [1]
+
+
+def test_empty_table_writes_a_readable_empty_dataset(tmp_path: Path) -> None:
+    schema = pa.schema([("id", pa.int64()), ("x", pa.float32())])
+    pqloader.write_dataset(schema.empty_table(), tmp_path / "e")
+    ds = pqloader.ParquetDataset(tmp_path / "e")
+    assert len(ds) == 0 and ds.schema.equals(schema)
+    assert len(pqloader.DataLoader(ds, batch_size=4)) == 0
+    assert list(pqloader.DataLoader(ds, batch_size=4)) == []
