@@ -204,7 +204,7 @@ def run_child(method: str, path: Path, args: argparse.Namespace) -> dict[str, An
 
 
 def summarise(runs: dict[str, list[dict[str, Any]]], rows: int) -> dict[str, Any]:
-    """Per method: median rows/s, ratios, peak memory (the highest of the runs), failures."""
+    """Per method: median rows/s and peak memory over the runs, ratios, failures."""
     out: dict[str, Any] = {}
     for method, results in runs.items():
         ok = [r for r in results if "error" not in r]
@@ -212,8 +212,9 @@ def summarise(runs: dict[str, list[dict[str, Any]]], rows: int) -> dict[str, Any
         s: dict[str, Any] = {"runs": results, "errors": errors}
         if ok:
             s.update(rows_per_s=statistics.median(r["rows_per_s"] for r in ok),
-                     peak_rss_mib=max(r["peak_rss_mib"] for r in ok),
-                     peak_pss_mib=max(r["peak_pss_mib"] for r in ok))
+                     peak_rss_mib=round(statistics.median(r["peak_rss_mib"] for r in ok)),
+                     peak_pss_mib=round(statistics.median(r["peak_pss_mib"] for r in ok)),
+                     peak_rss_mib_max=max(r["peak_rss_mib"] for r in ok))
             if method.startswith("naive"):
                 s["load_s"] = statistics.median(r["load_s"] for r in ok)
             elif any(r["rows"] != rows for r in ok):
@@ -232,8 +233,10 @@ def summarise(runs: dict[str, list[dict[str, Any]]], rows: int) -> dict[str, Any
 
 
 def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
-    def ratio(x: float | None) -> str:
-        return "-" if x is None else f"{x:,.2f}" if x < 100 else f"{x:,.0f}"
+    def ratio(x: float | None) -> str:  # small ratios keep two significant digits
+        if x is None:
+            return "-"
+        return f"{x:,.0f}" if x >= 100 else f"{x:.2f}" if x >= 0.1 else f"{x:.2g}"
 
     print(f"\nshuffled tabular batches: {args.rows:,} rows x {NUM_FEATURES} float32 + int64 "
           f"label, {args.files} files, {args.row_group_size:,}-row groups, batch "
@@ -252,8 +255,8 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"* naive: rows/s over {args.naive_batches} batches after the first; the load "
               f"(pd.read_parquet) and the first batch are not counted ({loads})")
     print("floor: pyarrow decode to numpy, no shuffle; pqloader: shuffled, every row, timed from "
-          "opening the dataset. RSS sums the process tree (shared pages once per process), "
-          "PSS splits shared pages.")
+          "opening the dataset. Peak memory of the process tree, median of the runs' peaks: RSS "
+          "counts shared pages once per process, PSS splits them.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -285,11 +288,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _commit() -> str | None:
+    """The checkout's commit, so that numbers can be matched with the code they measured."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         print("CHILD " + json.dumps(CHILDREN[args.child](args.data, args)), flush=True)
         return 0
+    commit = _commit()  # before the runs: others may commit while they go on
     ensure_data(args.data, args.rows, args.files, args.row_group_size)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
     for repeat in range(args.repeats):
@@ -303,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(runs, args.rows)
     print_table(summary, args)
     print("RESULT " + json.dumps({
-        "benchmark": "tabular", "rows": args.rows, "files": args.files,
+        "benchmark": "tabular", "commit": commit, "rows": args.rows, "files": args.files,
         "row_group_size": args.row_group_size, "batch_size": args.batch_size,
         "repeats": args.repeats, "naive_batches": args.naive_batches, "methods": summary,
     }))
