@@ -6,7 +6,8 @@ Each stage is a plain generator; :func:`worker_batches` composes them for one ``
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,11 +116,33 @@ def _cut(loaded: Iterator[_Loaded], sizes: tuple[int, ...]) -> Iterator[Columns]
         pending, have = [], 0
 
 
+def read_ahead(load: Callable[[Window], _Loaded], windows: Sequence[Window]) -> Iterator[_Loaded]:
+    """Load windows in order, the next one on a helper thread while this one is consumed.
+
+    Without it a worker stalls for a whole window load every window, and the round-robin
+    delivery waits on it while the other workers sit on full queues. Costs one window of
+    memory per worker.
+    """
+    if not windows:
+        return
+    pool = ThreadPoolExecutor(1, thread_name_prefix="pqloader-read")
+    try:
+        future = pool.submit(load, windows[0])
+        for nxt in windows[1:]:
+            current = future.result()
+            future = pool.submit(load, nxt)
+            yield current
+            del current
+        yield future.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 def worker_batches(
     stages: Stages, plan: WorkerPlan, *, epoch: int, rank: int
 ) -> Iterator[Any]:
     """The batches of one worker, in order, as the user will see them."""
-    loaded = (stages.load(w) for w in plan.windows)
+    loaded = read_ahead(stages.load, plan.windows)
     arity = transform_arity(stages.transform)
     for position, columns in zip(plan.positions, _cut(loaded, plan.batch_sizes), strict=True):
         batch = (
