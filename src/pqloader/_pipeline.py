@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ._collate import Kind, prepare, to_arrow, to_torch
+from ._collate import Kind, prepare, to_arrow, to_torch, window_order
 from ._errors import PQLoaderError
 from ._plan import Window, WorkerPlan
 from ._read import FragmentReader
@@ -62,7 +62,7 @@ class Stages:
         arrow = {name: table.column(name) for name in table.column_names}
         del table, tables  # from here each Arrow column is freed once its copy is made
         keep_arrow = self.collate_fn is not None
-        order = None if window.key is None else window.order()
+        order = None if window.key is None else window_order(window.order())
         columns = {}
         try:
             for name in list(arrow):
