@@ -18,8 +18,9 @@ class FragmentReader:
     Nothing is shared across ``fork`` or threads.
     """
 
-    def __init__(self, discovery: Discovery) -> None:
+    def __init__(self, discovery: Discovery, *, verify_checksums: bool = False) -> None:
         self._d = discovery
+        self.verify_checksums = verify_checksums
         parts = set(discovery.partition_schema.names)
         self._file_columns = [n for n in discovery.schema.names if n not in parts]
 
@@ -34,7 +35,8 @@ class FragmentReader:
         row_group = int(d.row_group[fragment])
         entry = d.files[file_index]
         try:
-            with pq.ParquetFile(entry.path, metadata=entry.metadata) as handle:
+            with pq.ParquetFile(entry.path, metadata=entry.metadata,
+                                page_checksum_verification=self.verify_checksums) as handle:
                 table = handle.read_row_group(row_group, columns=self._file_columns,
                                               use_threads=True)
         except (pa.ArrowException, OSError) as exc:

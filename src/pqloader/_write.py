@@ -139,8 +139,11 @@ class _ShardWriter:
             name = FILE_PATTERN.format(len(self.paths))
             self._tmp = self.root / f".{name}.tmp-{uuid.uuid4().hex}"
             try:
+                # Page CRCs cost nothing to write and let readers detect corrupt pages
+                # (ParquetDataset(verify_checksums=True)).
                 self._writer = pq.ParquetWriter(self._tmp, self.schema,
-                                                compression=self.compression)
+                                                compression=self.compression,
+                                                write_page_checksum=True)
             except (pa.ArrowException, ValueError) as exc:
                 raise InvalidArgumentError(f"compression={self.compression!r}: {exc}") from exc
 

@@ -373,3 +373,21 @@ def test_worker_processes_exit_after_error(make_dataset: Any) -> None:
         del error
         gc.collect()
     assert not left, f"worker processes still running after the error: {left}"
+
+
+def test_verify_checksums_catches_a_corrupt_page(tmp_path: Path) -> None:
+    """Random floats decode to wrong values silently; page CRCs written by write_dataset don't."""
+    values = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
+    pqloader.write_dataset(pa.table({"x": values}), tmp_path / "d", compression="none",
+                           progress=False)
+    path = tmp_path / "d" / "part-00000.parquet"
+    raw = bytearray(path.read_bytes())
+    mid = len(raw) // 2
+    raw[mid:mid + 64] = bytes(64)
+    path.write_bytes(bytes(raw))
+    unchecked = pqloader.ParquetDataset(tmp_path / "d")
+    assert len(list(pqloader.DataLoader(unchecked, batch_size=50_000))) == 2  # silent
+    checked = pqloader.ParquetDataset(tmp_path / "d", verify_checksums=True)
+    with pytest.raises(pqloader.CorruptFileError, match=r"row group \d") as info:
+        list(pqloader.DataLoader(checked, batch_size=50_000, num_workers=2))
+    assert str(path) in str(info.value)
