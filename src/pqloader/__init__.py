@@ -14,6 +14,7 @@ from ._errors import (
     LoaderTimeoutError,
     PQLoaderError,
     SchemaMismatchError,
+    StateMismatchError,
 )
 from ._loader import DataLoader
 from ._torch import TorchIterable
@@ -33,6 +34,7 @@ __all__ = [
     "PQLoaderError",
     "ParquetDataset",
     "SchemaMismatchError",
+    "StateMismatchError",
     "TorchIterable",
     "__version__",
     "write_dataset",

@@ -34,6 +34,7 @@ class FileEntry:
 
     path: str
     metadata: pq.FileMetaData
+    size_bytes: int
     partition: tuple[tuple[str, str | None], ...] = ()
 
 
@@ -119,9 +120,9 @@ def _hive_partition(path: Path, root: Path | None) -> tuple[tuple[str, str | Non
     return tuple(parts)
 
 
-def _read_footer(path: Path) -> pq.FileMetaData:
+def _read_footer(path: Path) -> tuple[pq.FileMetaData, int]:
     try:
-        return pq.read_metadata(path)
+        return pq.read_metadata(path), path.stat().st_size
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptFileError(
             f"{path}: not a readable Parquet file ({exc}); remove it or pass a glob that "
@@ -206,8 +207,8 @@ def discover(source: object, columns: Sequence[str] | None = None) -> Discovery:
     with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
         footers = list(pool.map(_read_footer, paths))
     entries = [
-        FileEntry(str(p), md, _hive_partition(p, root))
-        for p, md in zip(paths, footers, strict=True)
+        FileEntry(str(p), md, size, _hive_partition(p, root))
+        for p, (md, size) in zip(paths, footers, strict=True)
     ]
     part_schema = _partition_schema(entries)
     if columns is not None:

@@ -10,6 +10,7 @@
     ├── ColumnNotFoundError    (KeyError)           a column asked for that the data lacks
     ├── InvalidArgumentError   (ValueError)         an argument out of range
     ├── DataError              (ValueError)         values no batch can hold (int nulls)
+    ├── StateMismatchError     (ValueError)         a saved state of another dataset or settings
     └── LoaderTimeoutError     (TimeoutError)       no batch within ``timeout`` seconds
 
 Each message names the file, row group, column or argument at fault and says what to do.
@@ -51,6 +52,10 @@ class InvalidArgumentError(PQLoaderError, ValueError):
 
 class DataError(PQLoaderError, ValueError):
     """Values that cannot become a batch, such as nulls in an integer column."""
+
+
+class StateMismatchError(PQLoaderError, ValueError):
+    """A saved loader state that belongs to another dataset or incompatible settings."""
 
 
 class LoaderTimeoutError(PQLoaderError, TimeoutError):

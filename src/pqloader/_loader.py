@@ -14,6 +14,7 @@ import torch.utils.data
 from ._config import LoaderConfig, WorkerConfig, WorkerType
 from ._errors import InvalidArgumentError, LoaderTimeoutError, check_positive
 from ._plan import RankPlan
+from ._state import Cursor, make_state, read_state
 from ._torch import Planner, TorchIterable
 from ._world import resolve_world
 
@@ -94,6 +95,8 @@ class DataLoader:
         self.dataset = dataset
         self._planner = Planner(dataset, self.config)
         self._epoch = 0
+        self._batches = 0  # batches of self._epoch yielded so far (what state_dict saves)
+        self._resume: int | None = None  # batches to skip in the next iteration (restored)
         self._torch_loader: torch.utils.data.DataLoader[Any] | None = None
         self._pin = pin_memory and torch.cuda.is_available()
         if pin_memory and not self._pin:
@@ -110,24 +113,62 @@ class DataLoader:
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration follows (call it on every rank)."""
-        self._epoch = check_positive("epoch", epoch, allow_zero=True)
+        """Choose the epoch whose order the next iteration follows (call it on every rank).
+
+        Setting the epoch a restored state is in keeps its cursor: the iteration resumes.
+        """
+        check_positive("epoch", epoch, allow_zero=True)
+        if epoch != self._epoch:
+            self._epoch, self._batches, self._resume = epoch, 0, None
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch (the same on every rank)."""
         return len(self._planner)
 
+    # -- resume -----------------------------------------------------------------------------
+    def _settings(self) -> dict[str, Any]:
+        c = self.config
+        return {"batch_size": c.batch_size, "shuffle": c.shuffle, "seed": c.seed,
+                "drop_last": c.drop_last, "shuffle_window_rows": self._planner.window_rows,
+                "world_size": c.world.world_size,
+                "num_workers": max(1, self.workers.num_workers)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: a small JSON-serialisable dict (no pickle, no data).
+
+        It holds the epoch, the batches every rank has yielded in it, the settings that fix the
+        order and a fingerprint of the dataset. Save it with the model at a step; in DDP the
+        ranks step in lockstep, so rank 0's state restores every rank.
+        """
+        batches = self._batches if self._resume is None else self._resume
+        return make_state(Cursor(self._epoch, batches), self._planner.fingerprint,
+                          self._settings())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved state: the next iteration yields exactly the batches that
+        followed it in the uninterrupted run, reading at most one shuffle window per worker.
+
+        Raises:
+            StateMismatchError: the state is from another dataset or other settings.
+        """
+        cursor = read_state(state, self._planner.fingerprint, self._settings(), len(self))
+        self._epoch, self._batches, self._resume = cursor.epoch, cursor.batches, cursor.batches
+
     def __iter__(self) -> Iterator[Any]:
-        epoch = self._epoch
+        epoch, start = self._epoch, self._resume or 0
+        self._resume, self._batches = None, start
         w = self.workers
         if w.num_workers == 0:
             plan = self._planner.plan(epoch, 1)
-            for batch in self._planner.batches(plan, 0, epoch):
-                yield self._pin_batch(batch)
+            batches: Iterator[Any] = map(self._pin_batch,
+                                         self._planner.batches(plan, 0, epoch, start))
         elif w.worker_type == "thread":
-            yield from self._iter_threads(self._planner.plan(epoch, w.num_workers), epoch)
+            batches = self._iter_threads(self._planner.plan(epoch, w.num_workers), epoch, start)
         else:
-            yield from self._iter_processes(epoch)
+            batches = self._iter_processes(epoch, start)
+        for k, batch in enumerate(batches, start + 1):
+            self._batches = k  # counted before the caller has it: a state saved now excludes it
+            yield batch
 
     # -- delivery ---------------------------------------------------------------------------
     def _pin_batch(self, batch: Any) -> Any:
@@ -137,7 +178,7 @@ class DataLoader:
 
         return pin_memory(batch)  # type: ignore[no-untyped-call]
 
-    def _iter_threads(self, plan: RankPlan, epoch: int) -> Iterator[Any]:
+    def _iter_threads(self, plan: RankPlan, epoch: int, start: int) -> Iterator[Any]:
         n = self.workers.num_workers
         stop = threading.Event()
         queues: list[queue.Queue[tuple[str, Any]]] = [
@@ -157,7 +198,7 @@ class DataLoader:
             try:
                 if self.workers.worker_init_fn is not None:
                     self.workers.worker_init_fn(w)
-                for batch in self._planner.batches(plan, w, epoch):
+                for batch in self._planner.batches(plan, w, epoch, start):
                     if not put(w, ("batch", self._pin_batch(batch))):
                         return
                 put(w, ("end", None))
@@ -171,7 +212,7 @@ class DataLoader:
         for t in threads:
             t.start()
         try:
-            for k in range(plan.num_batches):
+            for k in range(start, plan.num_batches):
                 kind, item = self._get(queues[k % n], threads[k % n], k)
                 if kind == "error":
                     raise item
@@ -204,7 +245,7 @@ class DataLoader:
                         "raise timeout= or look for a slow file system or transform"
                     ) from None
 
-    def _iter_processes(self, epoch: int) -> Iterator[Any]:
+    def _iter_processes(self, epoch: int, start: int) -> Iterator[Any]:
         loader = self._torch_loader
         if loader is None:
             w = self.workers
@@ -217,7 +258,7 @@ class DataLoader:
             )
             if w.persistent_workers:
                 self._torch_loader = loader
-        loader.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
+        loader.dataset.set_epoch(epoch, start)  # type: ignore[attr-defined]
         it = iter(loader)
         try:
             yield from it

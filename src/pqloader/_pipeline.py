@@ -95,8 +95,11 @@ def _concat(parts: list[Any]) -> Any:
     return pa.concat_arrays(parts)
 
 
-def _cut(loaded: Iterator[_Loaded], sizes: tuple[int, ...]) -> Iterator[Columns]:
-    """Cut the stream of permuted windows into batches of the planned sizes."""
+def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int], start: int = 0) -> Iterator[Columns]:
+    """Cut the stream of permuted windows into batches of the planned sizes.
+
+    ``start``: rows of the first window already delivered (a resumed epoch).
+    """
     pending: list[Columns] = []
     have = 0
     window: _Loaded | None = None
@@ -104,7 +107,8 @@ def _cut(loaded: Iterator[_Loaded], sizes: tuple[int, ...]) -> Iterator[Columns]
     for size in sizes:
         while have < size:
             if window is None or pos == window.num_rows:
-                window, pos = next(loaded), 0
+                window, pos = next(loaded), start
+                start = 0
             take = min(size - have, window.num_rows - pos)
             pending.append({n: _slice(v, pos, pos + take) for n, v in window.columns.items()})
             have += take
@@ -139,12 +143,22 @@ def read_ahead(load: Callable[[Window], _Loaded], windows: Sequence[Window]) -> 
 
 
 def worker_batches(
-    stages: Stages, plan: WorkerPlan, *, epoch: int, rank: int
+    stages: Stages, plan: WorkerPlan, *, epoch: int, rank: int, skip: int = 0
 ) -> Iterator[Any]:
-    """The batches of one worker, in order, as the user will see them."""
-    loaded = read_ahead(stages.load, plan.windows)
+    """The batches of one worker, in order, as the user will see them.
+
+    ``skip``: batches of this worker already delivered (a resumed epoch). Windows wholly
+    before them are not read; at most the one window the cursor falls in is read partly.
+    """
+    offset = sum(plan.batch_sizes[:skip])
+    first = 0
+    while first < len(plan.windows) and plan.windows[first].num_rows <= offset:
+        offset -= plan.windows[first].num_rows
+        first += 1
+    loaded = read_ahead(stages.load, plan.windows[first:])
+    batches = _cut(loaded, plan.batch_sizes[skip:], offset)
     arity = transform_arity(stages.transform)
-    for position, columns in zip(plan.positions, _cut(loaded, plan.batch_sizes), strict=True):
+    for position, columns in zip(plan.positions[skip:], batches, strict=True):
         batch = (
             stages.collate_fn(to_arrow(columns))
             if stages.collate_fn is not None

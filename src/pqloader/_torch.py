@@ -12,23 +12,32 @@ from ._collate import column_kinds, compact
 from ._config import LoaderConfig
 from ._pipeline import Stages, worker_batches
 from ._plan import RankPlan, num_batches, plan_epoch
+from ._state import fingerprint
 from ._world import resolve_world
 
 if TYPE_CHECKING:
     from ._dataset import ParquetDataset
 
 
-class Epoch:
-    """The epoch number, shared with worker processes so ``set_epoch`` reaches persistent ones."""
+class SharedCursor:
+    """Where the next iteration starts: (epoch, batches already yielded in it).
+
+    Shared memory, so ``set_epoch`` and a restored state reach persistent worker processes.
+    """
 
     def __init__(self) -> None:
-        self._value = multiprocessing.RawValue("q", 0)
+        self._values = multiprocessing.RawArray("q", 2)
 
-    def get(self) -> int:
-        return int(self._value.value)
+    def get(self) -> tuple[int, int]:
+        return int(self._values[0]), int(self._values[1])
 
-    def set(self, epoch: int) -> None:
-        self._value.value = epoch
+    def set(self, epoch: int, start: int = 0) -> None:
+        self._values[0], self._values[1] = epoch, start
+
+
+def skipped(worker: int, start: int, num_workers: int) -> int:
+    """Batches of ``worker`` among the rank's first ``start`` (dealt round-robin)."""
+    return len(range(worker, start, num_workers))
 
 
 class Planner:
@@ -42,6 +51,7 @@ class Planner:
         self.stages = Stages(dataset.reader, kinds, config.seed, config.transform,
                              config.collate_fn)
         self.window_rows = config.window_rows(d.num_rows, d.byte_size)
+        self.fingerprint = fingerprint(d)
 
     def __len__(self) -> int:
         c = self.config
@@ -56,9 +66,11 @@ class Planner:
             shuffle=c.shuffle, drop_last=c.drop_last, window_rows=self.window_rows,
         )
 
-    def batches(self, plan: RankPlan, worker: int, epoch: int) -> Iterator[Any]:
+    def batches(self, plan: RankPlan, worker: int, epoch: int, start: int = 0) -> Iterator[Any]:
+        """Worker ``worker``'s batches, past those among the rank's first ``start``."""
         return worker_batches(self.stages, plan.workers[worker], epoch=epoch,
-                              rank=self.config.world.rank)
+                              rank=self.config.world.rank,
+                              skip=skipped(worker, start, len(plan.workers)))
 
 
 class TorchIterable(torch.utils.data.IterableDataset[Any]):
@@ -76,18 +88,19 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
                               drop_last=drop_last, world=resolve_world(rank, world_size),
                               **options)
         self._planner = Planner(dataset, config)
-        self._epoch = Epoch()
+        self._cursor = SharedCursor()
 
     @classmethod
     def from_planner(cls, planner: Planner) -> TorchIterable:
         """The iterable of an already validated loader (no second validation)."""
         self = cls.__new__(cls)
         self._planner = planner
-        self._epoch = Epoch()
+        self._cursor = SharedCursor()
         return self
 
-    def set_epoch(self, epoch: int) -> None:
-        self._epoch.set(epoch)
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """The epoch of the next iteration (and batches of it to skip, when resuming)."""
+        self._cursor.set(epoch, start)
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch (over all of torch's workers together)."""
@@ -96,9 +109,11 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        epoch = self._epoch.get()
+        epoch, start = self._cursor.get()
         plan = self._planner.plan(epoch, workers)
-        batches = self._planner.batches(plan, worker, epoch)
+        # torch collects round-robin from its worker 0; after ``start`` batches the next one
+        # belongs to plan worker start % workers, so torch's worker i plays that one + i.
+        batches = self._planner.batches(plan, (worker + start) % workers, epoch, start)
         if info is None:
             yield from batches
         else:

@@ -1,0 +1,186 @@
+"""Exact resume: stopping anywhere and restoring from the JSON state continues batch for batch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pqloader
+
+LAYOUTS = {  # name -> (rows, rows_per_file, row_group_size): uneven files and row groups
+    "small": (97, 40, 13),
+    "medium": (600, 250, 70),
+    "one-file": (300, 300, 300),
+}
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pqloader.ParquetDataset]:
+    out = {}
+    for name, (rows, per_file, group) in LAYOUTS.items():
+        path = tmp_path_factory.mktemp(name)
+        pqloader.write_dataset(pa.table({"id": np.arange(rows)}), path, rows_per_file=per_file,
+                               row_group_size=group, progress=False)
+        out[name] = pqloader.ParquetDataset(path)
+    return out
+
+
+def _ids(batch: dict[str, Any]) -> list[int]:
+    return [int(x) for x in batch["id"]] + [float(batch["noise"][0])]
+
+
+def _noise(batch: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    return {**batch, "noise": rng.random(1)}
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    layout=st.sampled_from(sorted(LAYOUTS)),
+    batch_size=st.integers(1, 64),
+    num_workers=st.integers(0, 3),
+    world_size=st.integers(1, 3),
+    rank_seed=st.integers(0, 2),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    window=st.integers(1, 300),
+    epoch=st.integers(0, 2),
+    stop_frac=st.floats(0, 1),
+)
+def test_exact_continuation(datasets: dict[str, pqloader.ParquetDataset], layout: str,
+                            batch_size: int, num_workers: int, world_size: int, rank_seed: int,
+                            shuffle: bool, drop_last: bool, window: int, epoch: int,
+                            stop_frac: float) -> None:
+    ds = datasets[layout]
+    rank = rank_seed % world_size
+
+    def make() -> pqloader.DataLoader:
+        loader = pqloader.DataLoader(
+            ds, batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, seed=3,
+            drop_last=drop_last, shuffle_window_rows=window, rank=rank, world_size=world_size,
+            transform=_noise,
+        )
+        loader.set_epoch(epoch)
+        return loader
+
+    full = [_ids(b) for b in make()]
+    stop = round(stop_frac * len(full))
+    first = make()
+    it = iter(first)
+    head = [_ids(next(it)) for _ in range(stop)]
+    state = json.loads(json.dumps(first.state_dict()))  # what a checkpoint file holds
+    del it
+    assert state["epoch"] == epoch and state["batches"] == stop
+    second = pqloader.DataLoader(
+        ds, batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, seed=3,
+        drop_last=drop_last, shuffle_window_rows=window, rank=rank, world_size=world_size,
+        transform=_noise,
+    )
+    second.load_state_dict(state)
+    assert second.epoch == epoch
+    second.set_epoch(epoch)  # the usual loop sets the epoch again: the cursor must survive it
+    assert head + [_ids(b) for b in second] == full
+    # the iteration after a resumed one is a whole epoch again
+    assert [_ids(b) for b in second] == full
+
+
+def test_state_is_small_json_and_counts_yielded_batches(make_dataset: Any) -> None:
+    ds = pqloader.ParquetDataset(make_dataset(1000))
+    loader = pqloader.DataLoader(ds, batch_size=100, shuffle=True)
+    assert loader.state_dict()["batches"] == 0
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    assert state["batches"] == 2 and state["epoch"] == 0
+    assert len(json.dumps(state)) < 1000
+    loader.set_epoch(5)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batches"]) == (5, 0)
+
+
+def test_restore_at_the_end_starts_the_next_epoch(make_dataset: Any) -> None:
+    ds = pqloader.ParquetDataset(make_dataset(500))
+    loader = pqloader.DataLoader(ds, batch_size=100, shuffle=True)
+    assert len(list(loader)) == 5
+    state = loader.state_dict()
+    again = pqloader.DataLoader(ds, batch_size=100, shuffle=True)
+    again.load_state_dict(state)
+    assert list(again) == []  # epoch 0 is done
+    again.set_epoch(1)
+    ref = pqloader.DataLoader(ds, batch_size=100, shuffle=True)
+    ref.set_epoch(1)
+    assert [b["id"].tolist() for b in again] == [b["id"].tolist() for b in ref]
+
+
+def test_restore_in_worker_processes(make_dataset: Any) -> None:
+    ds = pqloader.ParquetDataset(make_dataset(1000))
+    kw: dict[str, Any] = {"batch_size": 64, "shuffle": True, "num_workers": 2,
+                          "worker_type": "process", "shuffle_window_rows": 300}
+    full = [b["id"].tolist() for b in pqloader.DataLoader(ds, **kw)]
+    first = pqloader.DataLoader(ds, **kw)
+    it = iter(first)
+    head = [next(it)["id"].tolist() for _ in range(7)]  # stops on worker 1's turn
+    state = first.state_dict()
+    del it
+    second = pqloader.DataLoader(ds, **kw)
+    second.load_state_dict(state)
+    assert head + [b["id"].tolist() for b in second] == full
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"batch_size": 50}, "batch_size=100 in the state, 50 here"),
+        ({"seed": 1}, "seed=0 in the state, 1 here"),
+        ({"num_workers": 3}, "num_workers=2 in the state, 3 here"),
+        ({"shuffle_window_rows": 123}, "shuffle_window_rows"),
+    ],
+)
+def test_other_settings_are_refused(make_dataset: Any, change: dict[str, Any],
+                                    message: str) -> None:
+    ds = pqloader.ParquetDataset(make_dataset(1000))
+    kw: dict[str, Any] = {"batch_size": 100, "shuffle": True, "num_workers": 2}
+    state = pqloader.DataLoader(ds, **kw).state_dict()
+    other = pqloader.DataLoader(ds, **{**kw, **change})
+    with pytest.raises(pqloader.StateMismatchError, match=message) as info:
+        other.load_state_dict(state)
+    assert isinstance(info.value, ValueError)
+
+
+def test_another_dataset_is_refused(make_dataset: Any) -> None:
+    state = pqloader.DataLoader(pqloader.ParquetDataset(make_dataset(1000)),
+                                batch_size=100).state_dict()
+    other = pqloader.DataLoader(pqloader.ParquetDataset(make_dataset(1001)), batch_size=100)
+    with pytest.raises(pqloader.StateMismatchError, match="another dataset"):
+        other.load_state_dict(state)
+
+
+def test_a_moved_dataset_still_matches(make_dataset: Any, tmp_path: Path) -> None:
+    path = make_dataset(300)
+    state = pqloader.DataLoader(pqloader.ParquetDataset(path), batch_size=100).state_dict()
+    moved = path.rename(tmp_path / "elsewhere")
+    pqloader.DataLoader(pqloader.ParquetDataset(moved), batch_size=100).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [{}, {"format": "other"}, {"format": "pqloader.DataLoader", "version": 99}, "text"],
+)
+def test_garbage_states_are_refused(make_dataset: Any, state: Any) -> None:
+    loader = pqloader.DataLoader(pqloader.ParquetDataset(make_dataset(100)), batch_size=10)
+    with pytest.raises(pqloader.StateMismatchError):
+        loader.load_state_dict(state)
+
+
+def test_a_cursor_out_of_range_is_refused(make_dataset: Any) -> None:
+    loader = pqloader.DataLoader(pqloader.ParquetDataset(make_dataset(100)), batch_size=10)
+    state = loader.state_dict()
+    state["batches"] = 11
+    with pytest.raises(pqloader.StateMismatchError, match="out of range"):
+        loader.load_state_dict(state)
