@@ -12,7 +12,12 @@ import torch
 import torch.utils.data
 
 from ._config import LoaderConfig, WorkerConfig, WorkerType
-from ._errors import InvalidArgumentError, LoaderTimeoutError, check_positive
+from ._errors import (
+    InvalidArgumentError,
+    LoaderTimeoutError,
+    StateMismatchError,
+    check_positive,
+)
 from ._plan import RankPlan
 from ._state import Cursor, make_state, read_state
 from ._torch import Planner, TorchIterable
@@ -120,19 +125,13 @@ class DataLoader:
         check_positive("epoch", epoch, allow_zero=True)
         if epoch != self._epoch:
             self._epoch, self._batches, self._resume = epoch, 0, None
+            self._planner.origin = None
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch (the same on every rank)."""
         return len(self._planner)
 
     # -- resume -----------------------------------------------------------------------------
-    def _settings(self) -> dict[str, Any]:
-        c = self.config
-        return {"batch_size": c.batch_size, "shuffle": c.shuffle, "seed": c.seed,
-                "drop_last": c.drop_last, "shuffle_window_rows": self._planner.window_rows,
-                "world_size": c.world.world_size,
-                "num_workers": max(1, self.workers.num_workers)}
-
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: a small JSON-serialisable dict (no pickle, no data).
 
@@ -141,18 +140,47 @@ class DataLoader:
         ranks step in lockstep, so rank 0's state restores every rank.
         """
         batches = self._batches if self._resume is None else self._resume
-        return make_state(Cursor(self._epoch, batches), self._planner.fingerprint,
-                          self._settings())
+        origin = self._planner.origin
+        chain = origin[1] if origin is not None and origin[0] == self._epoch else None
+        cursor = Cursor(self._epoch, batches, self._planner.settings(self.workers.num_workers),
+                        chain)
+        return make_state(cursor, self._planner.fingerprint)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved state: the next iteration yields exactly the batches that
-        followed it in the uninterrupted run, reading at most one shuffle window per worker.
+        """Continue from a saved state.
+
+        With the settings it was saved with, the next iteration yields exactly the batches that
+        followed it in the uninterrupted run, random transforms included. With another
+        ``num_workers``, ``world_size``, ``batch_size`` or ``shuffle_window_rows`` (elastic),
+        the rows no rank had yet yielded are dealt out to the new ranks and workers: each comes
+        exactly once in the rest of the epoch (plus at most ``world_size - 1`` repeats when
+        padding, as always) and no yielded row comes again; the order of those rows is new.
+        Either way at most one shuffle window per worker is read before the first batch.
 
         Raises:
             StateMismatchError: the state is from another dataset or other settings.
         """
-        cursor = read_state(state, self._planner.fingerprint, self._settings(), len(self))
-        self._epoch, self._batches, self._resume = cursor.epoch, cursor.batches, cursor.batches
+        planner = self._planner
+        current = planner.settings(self.workers.num_workers)
+        cursor = read_state(state, planner.fingerprint, current)
+        if dict(cursor.settings) == current:
+            origin, batches = cursor.origin, cursor.batches
+        else:
+            origin = {"settings": dict(cursor.settings), "batches": cursor.batches,
+                      "resumed_from": cursor.origin}
+            batches = 0
+        try:
+            saved = planner.level(cursor.epoch, cursor.settings, cursor.origin)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise StateMismatchError(f"the state's plan cannot be rebuilt: {exc!r}") from exc
+        if cursor.batches > saved[0].num_batches:
+            raise StateMismatchError(
+                f"state cursor batches={cursor.batches} is out of range: the saved plan has "
+                f"{saved[0].num_batches} batches per rank in epoch {cursor.epoch}"
+            )
+        planner.origin = None if origin is None else (cursor.epoch, origin)
+        self._torch_loader = None  # persistent worker processes must see the new plan
+        self._epoch, self._batches, self._resume = cursor.epoch, batches, batches
 
     def __iter__(self) -> Iterator[Any]:
         epoch, start = self._epoch, self._resume or 0

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from ._collate import Kind, prepare, to_arrow, to_torch, window_order
 from ._errors import PQLoaderError
-from ._plan import Window, WorkerPlan
+from ._plan import Segment, Window, WorkerPlan, advance
 from ._read import FragmentReader
 
 Columns = dict[str, Any]  # name -> numpy array (numbers) or Arrow array
@@ -51,8 +51,9 @@ class Stages:
     transform: Callable[..., Any] | None = None
     collate_fn: Callable[[pa.RecordBatch], Any] | None = None
 
-    def load(self, window: Window) -> _Loaded:
-        """Read a window's slices into one set of gatherable columns."""
+    def load(self, segment: Segment) -> _Loaded:
+        """Read a segment's window, permute it, keep the segment's rows."""
+        window = segment.window
         tables = []
         for s in window.slices:
             table = self.reader.read(s.fragment)
@@ -71,7 +72,9 @@ class Stages:
         except PQLoaderError as exc:
             exc.add_note(f"in {self.describe(window)}")
             raise
-        return _Loaded(columns, num_rows)
+        if (segment.start, segment.stop) != (0, num_rows):
+            columns = {n: _slice(v, segment.start, segment.stop) for n, v in columns.items()}
+        return _Loaded(columns, segment.num_rows)
 
     def describe(self, window: Window) -> str:
         """The files and row groups a window reads, for error messages."""
@@ -95,11 +98,8 @@ def _concat(parts: list[Any]) -> Any:
     return pa.concat_arrays(parts)
 
 
-def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int], start: int = 0) -> Iterator[Columns]:
-    """Cut the stream of permuted windows into batches of the planned sizes.
-
-    ``start``: rows of the first window already delivered (a resumed epoch).
-    """
+def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int]) -> Iterator[Columns]:
+    """Cut the stream of permuted segments into batches of the planned sizes."""
     pending: list[Columns] = []
     have = 0
     window: _Loaded | None = None
@@ -107,8 +107,7 @@ def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int], start: int = 0) -> Ite
     for size in sizes:
         while have < size:
             if window is None or pos == window.num_rows:
-                window, pos = next(loaded), start
-                start = 0
+                window, pos = next(loaded), 0
             take = min(size - have, window.num_rows - pos)
             pending.append({n: _slice(v, pos, pos + take) for n, v in window.columns.items()})
             have += take
@@ -120,8 +119,9 @@ def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int], start: int = 0) -> Ite
         pending, have = [], 0
 
 
-def read_ahead(load: Callable[[Window], _Loaded], windows: Sequence[Window]) -> Iterator[_Loaded]:
-    """Load windows in order, the next one on a helper thread while this one is consumed.
+def read_ahead(load: Callable[[Segment], _Loaded],
+               windows: Sequence[Segment]) -> Iterator[_Loaded]:
+    """Load segments in order, the next one on a helper thread while this one is consumed.
 
     Without it a worker stalls for a whole window load every window, and the round-robin
     delivery waits on it while the other workers sit on full queues. Costs one window of
@@ -143,20 +143,17 @@ def read_ahead(load: Callable[[Window], _Loaded], windows: Sequence[Window]) -> 
 
 
 def worker_batches(
-    stages: Stages, plan: WorkerPlan, *, epoch: int, rank: int, skip: int = 0
+    stages: Stages, plan: WorkerPlan, *, epoch: int, rank: int, skip: int = 0,
+    first_position: int = 0,
 ) -> Iterator[Any]:
     """The batches of one worker, in order, as the user will see them.
 
-    ``skip``: batches of this worker already delivered (a resumed epoch). Windows wholly
+    ``skip``: batches of this worker already delivered (a resumed epoch). Segments wholly
     before them are not read; at most the one window the cursor falls in is read partly.
+    ``first_position`` offsets the batch positions that key random transforms.
     """
-    offset = sum(plan.batch_sizes[:skip])
-    first = 0
-    while first < len(plan.windows) and plan.windows[first].num_rows <= offset:
-        offset -= plan.windows[first].num_rows
-        first += 1
-    loaded = read_ahead(stages.load, plan.windows[first:])
-    batches = _cut(loaded, plan.batch_sizes[skip:], offset)
+    segments = advance(plan.segments, sum(plan.batch_sizes[:skip]))
+    batches = _cut(read_ahead(stages.load, segments), plan.batch_sizes[skip:])
     arity = transform_arity(stages.transform)
     for position, columns in zip(plan.positions[skip:], batches, strict=True):
         batch = (
@@ -167,7 +164,8 @@ def worker_batches(
         if stages.transform is not None:
             try:
                 if arity == 2:
-                    rng = np.random.default_rng([stages.seed, epoch, rank, position])
+                    key = [stages.seed, epoch, rank, first_position + position]
+                    rng = np.random.default_rng(key)
                     batch = stages.transform(batch, rng)
                 else:
                     batch = stages.transform(batch)

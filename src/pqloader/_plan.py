@@ -18,6 +18,12 @@ The plan of one epoch, for one rank:
 4. A worker's span is cut into *windows* of whole slices of row groups, at least
    ``window_rows`` rows each. A shuffled window is emitted in a permutation seeded by
    ``(seed, epoch, start)``, ``start`` being the window's first virtual position.
+
+A worker reads *segments*: parts ``[start, stop)`` of windows' emission orders (a fresh epoch
+reads whole windows). Resuming with another world size or worker count takes what every old
+(rank, worker) had not yet delivered, as segments of the old windows (:func:`remaining`), and
+deals those rows to the new ranks and workers as in steps 2 and 3 (:func:`plan_remainder`). The
+windows keep their permutations, so no delivered row can come back.
 """
 
 from __future__ import annotations
@@ -60,11 +66,28 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """Rows ``[start, stop)`` of a window's emission order."""
+
+    window: Window
+    start: int
+    stop: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+
+def whole(window: Window) -> Segment:
+    return Segment(window, 0, window.num_rows)
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     """What one worker of one rank does in one epoch."""
 
     worker: int
-    windows: tuple[Window, ...]
+    segments: tuple[Segment, ...]
     batch_sizes: tuple[int, ...]  # one per batch this worker makes, in order
     positions: tuple[int, ...]  # each batch's index in the rank's epoch
 
@@ -75,10 +98,15 @@ class WorkerPlan:
 
 @dataclass(frozen=True)
 class RankPlan:
-    """One rank's epoch: its batch count and its workers' plans."""
+    """One rank's epoch: its batch count and its workers' plans.
+
+    ``first_position``: batches the rank yielded before this plan took over (a resume with other
+    settings); random transforms are keyed by ``first_position + position``.
+    """
 
     num_batches: int
     workers: tuple[WorkerPlan, ...]
+    first_position: int = 0
 
 
 def epoch_rows(num_rows: int, *, world_size: int, drop_last: bool) -> int:
@@ -126,6 +154,34 @@ def _span_slices(
     return out
 
 
+@dataclass(frozen=True)
+class _Deal:
+    """Step 2 and 3 of the module docstring for one rank: who makes which batches of what."""
+
+    num_batches: int
+    # per worker: (batch positions, batch sizes, first and end virtual position of its span)
+    workers: tuple[tuple[tuple[int, ...], tuple[int, ...], int, int], ...]
+
+
+def _deal(total: int, *, batch_size: int, rank: int, world_size: int, num_workers: int,
+          drop_last: bool) -> _Deal:
+    workers = max(1, num_workers)
+    per_rank = epoch_rows(total, world_size=world_size, drop_last=drop_last)
+    nb = per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
+    if total == 0 or nb == 0:
+        return _Deal(0, tuple(((), (), 0, 0) for _ in range(workers)))
+    last = min(per_rank, nb * batch_size) - (nb - 1) * batch_size
+    pos = rank * per_rank
+    out = []
+    for w in range(workers):
+        positions = tuple(range(w, nb, workers))
+        sizes = tuple(last if k == nb - 1 else batch_size for k in positions)
+        span = sum(sizes)
+        out.append((positions, sizes, pos, pos + span))
+        pos += span
+    return _Deal(nb, tuple(out))
+
+
 def plan_epoch(
     fragment_rows: np.ndarray,
     *,
@@ -141,29 +197,81 @@ def plan_epoch(
 ) -> RankPlan:
     """Plan one rank's epoch (see the module docstring). ``num_workers=0`` plans one worker."""
     rows = np.asarray(fragment_rows, dtype=np.int64)
-    total = int(rows.sum())
-    workers = max(1, num_workers)
-    nb = num_batches(rows, batch_size=batch_size, world_size=world_size, drop_last=drop_last)
-    if total == 0 or nb == 0:
-        empty = tuple(WorkerPlan(w, (), (), ()) for w in range(workers))
-        return RankPlan(0, empty)
-    per_rank = epoch_rows(total, world_size=world_size, drop_last=drop_last)
-    used = min(per_rank, nb * batch_size)
-    last = used - (nb - 1) * batch_size
-
+    deal = _deal(int(rows.sum()), batch_size=batch_size, rank=rank, world_size=world_size,
+                 num_workers=num_workers, drop_last=drop_last)
     order = fragment_order(len(rows), seed=seed, epoch=epoch, shuffle=shuffle)
     bounds = np.concatenate([[0], np.cumsum(rows[order])])
-    pos = rank * per_rank
     plans = []
-    for w in range(workers):
-        positions = tuple(range(w, nb, workers))
-        sizes = tuple(last if k == nb - 1 else batch_size for k in positions)
-        span = sum(sizes)
-        pieces = _span_slices(pos, pos + span, order, bounds, rows)
-        pos += span
-        plans.append(WorkerPlan(w, _windows(pieces, seed, epoch, shuffle, window_rows), sizes,
-                                positions))
-    return RankPlan(nb, tuple(plans))
+    for w, (positions, sizes, begin, end) in enumerate(deal.workers):
+        pieces = _span_slices(begin, end, order, bounds, rows) if sizes else []
+        windows = _windows(pieces, seed, epoch, shuffle, window_rows)
+        plans.append(WorkerPlan(w, tuple(whole(x) for x in windows), sizes, positions))
+    return RankPlan(deal.num_batches, tuple(plans))
+
+
+def advance(segments: tuple[Segment, ...], rows: int) -> tuple[Segment, ...]:
+    """The segments left once their first ``rows`` rows are delivered."""
+    out = list(segments)
+    while out and out[0].num_rows <= rows:
+        rows -= out.pop(0).num_rows
+    if rows:
+        first = out[0]
+        out[0] = Segment(first.window, first.start + rows, first.stop)
+    return tuple(out)
+
+
+def remaining(old: list[RankPlan], batches_done: int) -> list[Segment]:
+    """What every rank of an old plan had not delivered after ``batches_done`` batches each.
+
+    In (rank, worker) order: one sequence that :func:`plan_remainder` deals out again.
+    """
+    out: list[Segment] = []
+    for plan in old:
+        n = len(plan.workers)
+        for wp in plan.workers:
+            done = len(range(wp.worker, batches_done, n))
+            out.extend(advance(wp.segments, sum(wp.batch_sizes[:done])))
+    return out
+
+
+def plan_remainder(
+    segments: list[Segment],
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    num_workers: int,
+    drop_last: bool,
+    first_position: int,
+) -> RankPlan:
+    """Deal the rows of ``segments`` to ranks and workers, as a fresh epoch deals row groups."""
+    sizes_ = np.asarray([s.num_rows for s in segments], dtype=np.int64)
+    deal = _deal(int(sizes_.sum()), batch_size=batch_size, rank=rank, world_size=world_size,
+                 num_workers=num_workers, drop_last=drop_last)
+    bounds = np.concatenate([[0], np.cumsum(sizes_)])
+    plans = []
+    for w, (positions, sizes, begin, end) in enumerate(deal.workers):
+        cut = _span_segments(begin, end, segments, bounds) if sizes else ()
+        plans.append(WorkerPlan(w, cut, sizes, positions))
+    return RankPlan(deal.num_batches, tuple(plans), first_position)
+
+
+def _span_segments(start: int, stop: int, segments: list[Segment],
+                   bounds: np.ndarray) -> tuple[Segment, ...]:
+    """Parts of ``segments`` covering virtual positions ``[start, stop)`` (wrapping past the
+    end, as the padding of step 2)."""
+    total = int(bounds[-1])
+    out = []
+    pos = start
+    while pos < stop:
+        local = pos % total
+        i = int(np.searchsorted(bounds, local, side="right")) - 1
+        seg = segments[i]
+        begin = seg.start + local - int(bounds[i])
+        take = min(seg.stop - begin, stop - pos)
+        out.append(Segment(seg.window, begin, begin + take))
+        pos += take
+    return tuple(out)
 
 
 def _windows(

@@ -21,12 +21,23 @@ FORMAT = "pqloader.DataLoader"
 VERSION = 1
 
 
+# Settings a resume may change (the rest of the epoch is dealt out anew) and must keep.
+ELASTIC = ("batch_size", "world_size", "num_workers", "shuffle_window_rows")
+FIXED = ("shuffle", "seed", "drop_last")
+
+
 @dataclass(frozen=True)
 class Cursor:
-    """``batches`` batches of ``epoch`` already yielded by every rank."""
+    """``batches`` batches of ``epoch`` already yielded by every rank.
+
+    ``origin``: when this epoch's plan is what an earlier plan (other settings) left, that plan's
+    settings and cursor, recursively: ``{"settings", "batches", "resumed_from"}``.
+    """
 
     epoch: int
     batches: int
+    settings: Mapping[str, Any]
+    origin: Mapping[str, Any] | None = None
 
 
 def fingerprint(discovery: Discovery) -> dict[str, Any]:
@@ -48,16 +59,21 @@ def fingerprint(discovery: Discovery) -> dict[str, Any]:
             "digest": digest.hexdigest()[:32]}
 
 
-def make_state(cursor: Cursor, dataset: Mapping[str, Any],
-               settings: Mapping[str, Any]) -> dict[str, Any]:
+def make_state(cursor: Cursor, dataset: Mapping[str, Any]) -> dict[str, Any]:
     """The state as plain JSON types (no pickle anywhere)."""
     return {"format": FORMAT, "version": VERSION, "epoch": cursor.epoch,
-            "batches": cursor.batches, "dataset": dict(dataset), "settings": dict(settings)}
+            "batches": cursor.batches, "dataset": dict(dataset),
+            "settings": dict(cursor.settings),
+            "resumed_from": None if cursor.origin is None else dict(cursor.origin)}
 
 
 def read_state(state: Mapping[str, Any], dataset: Mapping[str, Any],
-               settings: Mapping[str, Any], num_batches: int) -> Cursor:
-    """Check a saved state against this loader and return its cursor, or say what differs."""
+               settings: Mapping[str, Any]) -> Cursor:
+    """Check a saved state against this loader and return its cursor, or say what differs.
+
+    Settings in :data:`ELASTIC` may differ (the caller deals the rest of the epoch out anew);
+    the others must match. The batch count is checked by the caller against the saved plan.
+    """
     if not isinstance(state, Mapping) or state.get("format") != FORMAT:
         raise StateMismatchError(
             f"not a pqloader.DataLoader state (format {state.get('format')!r})"
@@ -75,20 +91,24 @@ def read_state(state: Mapping[str, Any], dataset: Mapping[str, Any],
             f"{dataset['files']} files, {dataset['rows']} rows, digest {dataset['digest']}: "
             "files, sizes, row groups or schema differ"
         )
+    saved_settings = state.get("settings")
+    if not isinstance(saved_settings, Mapping) or set(saved_settings) != set(settings):
+        raise StateMismatchError(f"the state's settings {saved_settings!r} are incomplete")
     differ = [
-        f"{k}={state.get('settings', {}).get(k)!r} in the state, {v!r} here"
-        for k, v in settings.items() if state.get("settings", {}).get(k) != v
+        f"{k}={saved_settings[k]!r} in the state, {settings[k]!r} here"
+        for k in FIXED if saved_settings[k] != settings[k]
     ]
     if differ:
         raise StateMismatchError(
             "the state was saved with other settings: " + "; ".join(differ)
-            + ". Build the loader with the saved settings to resume this epoch"
+            + f". Only {', '.join(ELASTIC)} may change on a resume; build the loader with the "
+            "saved values of the others"
         )
     epoch, batches = state.get("epoch"), state.get("batches")
-    if not (isinstance(epoch, int) and isinstance(batches, int)
-            and epoch >= 0 and 0 <= batches <= num_batches):
-        raise StateMismatchError(
-            f"state cursor epoch={epoch!r}, batches={batches!r} is out of range "
-            f"(0..{num_batches} batches per epoch)"
-        )
-    return Cursor(epoch, batches)
+    if not (isinstance(epoch, int) and isinstance(batches, int) and epoch >= 0
+            and batches >= 0):
+        raise StateMismatchError(f"state cursor epoch={epoch!r}, batches={batches!r} is invalid")
+    origin = state.get("resumed_from")
+    if origin is not None and not isinstance(origin, Mapping):
+        raise StateMismatchError(f"the state's resumed_from {origin!r} is not a dict")
+    return Cursor(epoch, batches, dict(saved_settings), origin)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
@@ -11,7 +11,7 @@ import torch.utils.data
 from ._collate import column_kinds, compact
 from ._config import LoaderConfig
 from ._pipeline import Stages, worker_batches
-from ._plan import RankPlan, num_batches, plan_epoch
+from ._plan import RankPlan, num_batches, plan_epoch, plan_remainder, remaining
 from ._state import fingerprint
 from ._world import resolve_world
 
@@ -52,25 +52,62 @@ class Planner:
                              config.collate_fn)
         self.window_rows = config.window_rows(d.num_rows, d.byte_size)
         self.fingerprint = fingerprint(d)
+        # (epoch, chain): that epoch's plan is what the chain's plan left (see _state.Cursor)
+        self.origin: tuple[int, Mapping[str, Any]] | None = None
 
     def __len__(self) -> int:
         c = self.config
         return num_batches(self.dataset._discovery.num_rows, batch_size=c.batch_size,
                            world_size=c.world.world_size, drop_last=c.drop_last)
 
-    def plan(self, epoch: int, num_workers: int) -> RankPlan:
+    def settings(self, num_workers: int) -> dict[str, Any]:
+        """The settings that fix the order, as a saved state holds them."""
         c = self.config
+        return {"batch_size": c.batch_size, "shuffle": c.shuffle, "seed": c.seed,
+                "drop_last": c.drop_last, "shuffle_window_rows": self.window_rows,
+                "world_size": c.world.world_size, "num_workers": max(1, num_workers)}
+
+    def plan(self, epoch: int, num_workers: int) -> RankPlan:
+        """This rank's plan of ``epoch`` with ``num_workers`` workers."""
+        c = self.config
+        if self.origin is not None and self.origin[0] == epoch:
+            return self._deal_remainder(epoch, self.origin[1], self.settings(num_workers),
+                                        c.world.rank)
         return plan_epoch(
             self.dataset._discovery.num_rows, batch_size=c.batch_size, rank=c.world.rank,
             world_size=c.world.world_size, num_workers=num_workers, seed=c.seed, epoch=epoch,
             shuffle=c.shuffle, drop_last=c.drop_last, window_rows=self.window_rows,
         )
 
+    def level(self, epoch: int, settings: Mapping[str, Any],
+              origin: Mapping[str, Any] | None) -> list[RankPlan]:
+        """Every rank's plan of ``epoch`` under saved ``settings`` (and their own origin)."""
+        s = settings
+        if origin is None:
+            return [plan_epoch(
+                self.dataset._discovery.num_rows, batch_size=s["batch_size"], rank=r,
+                world_size=s["world_size"], num_workers=s["num_workers"], seed=s["seed"],
+                epoch=epoch, shuffle=s["shuffle"], drop_last=s["drop_last"],
+                window_rows=s["shuffle_window_rows"],
+            ) for r in range(s["world_size"])]
+        return [self._deal_remainder(epoch, origin, s, r) for r in range(s["world_size"])]
+
+    def _deal_remainder(self, epoch: int, origin: Mapping[str, Any],
+                        settings: Mapping[str, Any], rank: int) -> RankPlan:
+        old = self.level(epoch, origin["settings"], origin.get("resumed_from"))
+        return plan_remainder(
+            remaining(old, origin["batches"]), batch_size=settings["batch_size"], rank=rank,
+            world_size=settings["world_size"], num_workers=settings["num_workers"],
+            drop_last=settings["drop_last"],
+            first_position=old[0].first_position + origin["batches"],
+        )
+
     def batches(self, plan: RankPlan, worker: int, epoch: int, start: int = 0) -> Iterator[Any]:
         """Worker ``worker``'s batches, past those among the rank's first ``start``."""
         return worker_batches(self.stages, plan.workers[worker], epoch=epoch,
                               rank=self.config.world.rank,
-                              skip=skipped(worker, start, len(plan.workers)))
+                              skip=skipped(worker, start, len(plan.workers)),
+                              first_position=plan.first_position)
 
 
 class TorchIterable(torch.utils.data.IterableDataset[Any]):

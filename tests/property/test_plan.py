@@ -16,12 +16,13 @@ def rows_of(plan: RankPlan, offsets: np.ndarray) -> list[int]:
     per_worker = []
     for w in plan.workers:
         rows = []
-        for window in w.windows:
+        for seg in w.segments:
+            window = seg.window
             flat = np.concatenate([
                 np.arange(offsets[s.fragment] + s.start, offsets[s.fragment] + s.stop)
                 for s in window.slices
             ])
-            rows.extend(flat[window.order()].tolist())
+            rows.extend(flat[window.order()][seg.start:seg.stop].tolist())
         assert len(rows) == w.num_rows
         cuts = np.cumsum((0, *w.batch_sizes))
         spans = zip(w.positions, cuts, cuts[1:], strict=False)
@@ -113,7 +114,7 @@ def test_windows_are_bounded(w: dict) -> None:
     biggest = max(w["fragment_rows"])
     for p in plan_all(w):
         for wp in p.workers:
-            for window in wp.windows:
+            for window in (seg.window for seg in wp.segments):
                 limit = w["window_rows"] + biggest if w["shuffle"] else biggest
                 assert window.num_rows <= limit
 
