@@ -3,6 +3,7 @@
 Shuffled across files, exactly once per epoch over ranks and workers, in bounded memory.
 """
 
+from ._audit import EpochReport, audit
 from ._dataset import ParquetDataset
 from ._errors import (
     ColumnNotFoundError,
@@ -29,6 +30,7 @@ __all__ = [
     "DataLoader",
     "DatasetNotFoundError",
     "EmptyDatasetError",
+    "EpochReport",
     "InvalidArgumentError",
     "LoaderTimeoutError",
     "PQLoaderError",
@@ -37,5 +39,6 @@ __all__ = [
     "StateMismatchError",
     "TorchIterable",
     "__version__",
+    "audit",
     "write_dataset",
 ]

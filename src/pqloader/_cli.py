@@ -223,6 +223,22 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    reports = pqloader.audit(args.dir)
+    if args.json:
+        print(json.dumps([{**vars(r), "exactly_once": r.exactly_once} for r in reports]))
+    for r in reports if not args.json else []:
+        verdict = "every row exactly once" if r.exactly_once else (
+            f"{r.duplicates:,} rows more than once, {r.missing:,} rows never")
+        print(f"epoch {r.epoch}: {r.delivered:,} deliveries of {r.num_rows:,} rows: {verdict}")
+        ranks = ", ".join(f"rank {k}: {v}" for k, v in sorted(r.batches_per_rank.items()))
+        print(f"  batches per rank: {ranks}")
+        for example in r.duplicate_examples:
+            print(f"  repeated rows {example['rows']} in batch {example['batch']} of rank "
+                  f"{example['rank']} ({example['file']})")
+    return 0 if all(r.exactly_once for r in reports) else 1
+
+
 def _positive_int(text: str) -> int:
     if not text.strip().replace("_", "").isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
@@ -254,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     wr.add_argument("--overwrite", action="store_true", help="replace part-*.parquet in DST")
     wr.add_argument("--no-progress", action="store_true", help="no progress bar")
     wr.set_defaults(run=_cmd_write, parser=wr, **_WRITE_DEFAULTS)
+
+    au = commands.add_parser("audit", help="check audit records: every row exactly once?")
+    au.add_argument("dir", help="the audit_dir a DataLoader wrote its records into")
+    au.add_argument("--json", action="store_true", help="print one JSON list, an epoch each")
+    au.set_defaults(run=_cmd_audit, parser=au)
     return parser
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import warnings
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils.data
 
+from ._audit import AuditLog
 from ._config import LoaderConfig, WorkerConfig, WorkerType
 from ._errors import (
     InvalidArgumentError,
@@ -56,6 +58,9 @@ class DataLoader:
         pin_memory, timeout, worker_init_fn, persistent_workers, prefetch_factor,
         multiprocessing_context: as for ``torch.utils.data.DataLoader``; ``timeout`` (seconds,
             0 = wait forever) raises :class:`pqloader.LoaderTimeoutError`.
+        audit_dir: record the rows of every batch yielded, in a file per process in this
+            folder, for :func:`pqloader.audit` (``pqloader audit DIR``) to check that an epoch
+            saw every row exactly once, across ranks, workers and restarts.
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class DataLoader:
         persistent_workers: bool = False,
         prefetch_factor: int = 2,
         multiprocessing_context: Any = None,
+        audit_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         from ._dataset import ParquetDataset
 
@@ -98,7 +104,9 @@ class DataLoader:
             multiprocessing_context=multiprocessing_context,
         )
         self.dataset = dataset
-        self._planner = Planner(dataset, self.config)
+        self._planner = Planner(dataset, self.config, audit=audit_dir is not None)
+        self._audit_dir = audit_dir
+        self._audit: AuditLog | None = None
         self._epoch = 0
         self._batches = 0  # batches of self._epoch yielded so far (what state_dict saves)
         self._resume: int | None = None  # batches to skip in the next iteration (restored)
@@ -194,7 +202,16 @@ class DataLoader:
             batches = self._iter_threads(self._planner.plan(epoch, w.num_workers), epoch, start)
         else:
             batches = self._iter_processes(epoch, start)
+        if self._audit_dir is not None and self._audit is None:
+            c = self.config
+            self._audit = AuditLog(self._audit_dir, rank=c.world.rank,
+                                   world_size=c.world.world_size,
+                                   num_workers=max(1, w.num_workers),
+                                   dataset=self._planner.fingerprint)
         for k, batch in enumerate(batches, start + 1):
+            if self._audit is not None:
+                batch, rows = batch
+                self._audit.record(epoch, k - 1, rows)
             self._batches = k  # counted before the caller has it: a state saved now excludes it
             yield batch
 

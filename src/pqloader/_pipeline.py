@@ -20,6 +20,7 @@ from ._plan import Segment, Window, WorkerPlan, advance
 from ._read import FragmentReader
 
 Columns = dict[str, Any]  # name -> numpy array (numbers) or Arrow array
+ROWS = "__pqloader_rows__"  # the hidden column of global row numbers, when auditing
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Stages:
     seed: int
     transform: Callable[..., Any] | None = None
     collate_fn: Callable[[pa.RecordBatch], Any] | None = None
+    audit: bool = False  # carry each batch's global row numbers beside it
 
     def load(self, segment: Segment) -> _Loaded:
         """Read a segment's window, permute it, keep the segment's rows."""
@@ -63,7 +65,8 @@ class Stages:
         arrow = {name: table.column(name) for name in table.column_names}
         del table, tables  # from here each Arrow column is freed once its copy is made
         keep_arrow = self.collate_fn is not None
-        order = None if window.key is None else window_order(window.order())
+        permutation = None if window.key is None else window.order()
+        order = None if permutation is None else window_order(permutation)
         columns = {}
         try:
             for name in list(arrow):
@@ -72,9 +75,18 @@ class Stages:
         except PQLoaderError as exc:
             exc.add_note(f"in {self.describe(window)}")
             raise
+        if self.audit:
+            columns[ROWS] = self._row_numbers(window, permutation)
         if (segment.start, segment.stop) != (0, num_rows):
             columns = {n: _slice(v, segment.start, segment.stop) for n, v in columns.items()}
         return _Loaded(columns, segment.num_rows)
+
+    def _row_numbers(self, window: Window, permutation: np.ndarray | None) -> np.ndarray:
+        """Global row numbers (files and row groups in index order) of a window, as emitted."""
+        first = np.concatenate([[0], np.cumsum(self.reader.discovery.num_rows)])
+        rows = np.concatenate([np.arange(first[s.fragment] + s.start, first[s.fragment] + s.stop)
+                               for s in window.slices])
+        return rows if permutation is None else rows[permutation]
 
     def describe(self, window: Window) -> str:
         """The files and row groups a window reads, for error messages."""
@@ -156,6 +168,7 @@ def worker_batches(
     batches = _cut(read_ahead(stages.load, segments), plan.batch_sizes[skip:])
     arity = transform_arity(stages.transform)
     for position, columns in zip(plan.positions[skip:], batches, strict=True):
+        rows = columns.pop(ROWS, None)
         batch = (
             stages.collate_fn(to_arrow(columns))
             if stages.collate_fn is not None
@@ -173,4 +186,4 @@ def worker_batches(
                 exc.add_note(f"in pqloader transform, batch {position} of rank {rank}, "
                              f"epoch {epoch}")
                 raise
-        yield batch
+        yield batch if rows is None else (batch, rows)

@@ -43,13 +43,14 @@ def skipped(worker: int, start: int, num_workers: int) -> int:
 class Planner:
     """Binds a dataset to a config: plans epochs and builds each worker's stages."""
 
-    def __init__(self, dataset: ParquetDataset, config: LoaderConfig) -> None:
+    def __init__(self, dataset: ParquetDataset, config: LoaderConfig, *,
+                 audit: bool = False) -> None:
         self.dataset = dataset
         self.config = config
         d = dataset._discovery
         kinds = {} if config.collate_fn is not None else column_kinds(d.schema)
         self.stages = Stages(dataset.reader, kinds, config.seed, config.transform,
-                             config.collate_fn)
+                             config.collate_fn, audit)
         self.window_rows = config.window_rows(d.num_rows, d.byte_size)
         self.fingerprint = fingerprint(d)
         # (epoch, chain): that epoch's plan is what the chain's plan left (see _state.Cursor)
@@ -153,5 +154,8 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         batches = self._planner.batches(plan, (worker + start) % workers, epoch, start)
         if info is None:
             yield from batches
+        elif self._planner.stages.audit:  # (batch, row numbers) pairs
+            for batch, rows in batches:
+                yield compact(batch), rows
         else:
             yield from map(compact, batches)

@@ -1,0 +1,143 @@
+"""Sample audit: a record of the rows each rank delivered, and the check of an epoch's coverage.
+
+Opt in with ``DataLoader(..., audit_dir=DIR)``. Every process appends one JSON line per batch it
+yields, flushed at once, to a file of its own (``DIR/rank00000-<pid>-<id>.jsonl``): a killed
+run leaves every batch it delivered on record, and its restart writes a new file. Rows are
+global row numbers (the dataset's files and row groups in order), stored as runs of consecutive
+numbers, zlib-compressed: a contiguous batch costs two numbers.
+
+:func:`audit` merges every file of a folder and says, per epoch, which rows came more than once
+(and in which batches), which never came, and how the batches spread over ranks and workers.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import uuid
+import zlib
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._errors import InvalidArgumentError
+
+HEADER = "pqloader.audit"
+
+
+def encode_rows(rows: np.ndarray) -> str:
+    """Row numbers as runs (start, length), delta- and zlib-coded, in base64."""
+    ids = np.sort(np.asarray(rows, dtype=np.int64))
+    if len(ids) == 0:
+        return ""
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = ids[np.concatenate([[0], breaks])]
+    lengths = np.diff(np.concatenate([[0], breaks, [len(ids)]]))
+    runs = np.stack([np.diff(starts, prepend=0), lengths], axis=1).astype("<i8")
+    return base64.b64encode(zlib.compress(runs.tobytes(), 6)).decode()
+
+
+def decode_rows(text: str) -> np.ndarray:
+    if not text:
+        return np.zeros(0, dtype=np.int64)
+    runs = np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype="<i8").reshape(-1, 2)
+    starts, lengths = np.cumsum(runs[:, 0]), runs[:, 1]
+    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    rows: np.ndarray = np.arange(int(lengths.sum()), dtype=np.int64) + offsets
+    return rows
+
+
+class AuditLog:
+    """One process's append-only record of delivered batches."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, rank: int, world_size: int,
+                 num_workers: int, dataset: Mapping[str, Any]) -> None:
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        self.path = root / f"rank{rank:05d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._write({"format": HEADER, "version": 1, "rank": rank, "world_size": world_size,
+                     "num_workers": num_workers, "dataset": dict(dataset)})
+
+    def _write(self, record: Mapping[str, Any]) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def record(self, epoch: int, batch: int, rows: np.ndarray) -> None:
+        """Batch ``batch`` of ``epoch`` held ``rows`` (called as it is handed to the caller)."""
+        self._write({"epoch": epoch, "batch": batch, "worker": batch % max(1, self.num_workers),
+                     "rows": encode_rows(rows)})
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass
+class EpochReport:
+    """The coverage of one epoch, over every record file."""
+
+    epoch: int
+    num_rows: int
+    delivered: int = 0  # row deliveries, repeats included
+    duplicates: int = 0  # rows delivered more than once
+    missing: int = 0  # rows never delivered
+    duplicate_examples: list[dict[str, Any]] = field(default_factory=list)
+    batches_per_rank: dict[int, int] = field(default_factory=dict)
+    batches_per_worker: dict[str, int] = field(default_factory=dict)  # "rank/worker"
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.duplicates == 0 and self.missing == 0
+
+
+def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[EpochReport]:
+    """Check, per epoch, that the recorded deliveries cover every row exactly once."""
+    files = sorted(Path(directory).glob("rank*.jsonl"))
+    if not files:
+        raise InvalidArgumentError(f"{directory}: no audit records (rank*.jsonl) found")
+    num_rows = None
+    counts: dict[int, np.ndarray] = {}
+    where: dict[int, list[tuple[str, int, int, np.ndarray]]] = defaultdict(list)
+    reports: dict[int, EpochReport] = {}
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        if not lines or lines[0].get("format") != HEADER:
+            raise InvalidArgumentError(f"{path}: not a pqloader audit record")
+        head = lines[0]
+        if num_rows is None:
+            num_rows = int(head["dataset"]["rows"])
+        elif int(head["dataset"]["rows"]) != num_rows:
+            raise InvalidArgumentError(f"{path}: records of another dataset in the same folder")
+        for rec in lines[1:]:
+            epoch = int(rec["epoch"])
+            rows = decode_rows(rec["rows"])
+            count = counts.setdefault(epoch, np.zeros(num_rows, dtype=np.int32))
+            np.add.at(count, rows, 1)
+            report = reports.setdefault(epoch, EpochReport(epoch, num_rows))
+            report.delivered += len(rows)
+            rank = int(head["rank"])
+            report.batches_per_rank[rank] = report.batches_per_rank.get(rank, 0) + 1
+            key = f"{rank}/{rec['worker']}"
+            report.batches_per_worker[key] = report.batches_per_worker.get(key, 0) + 1
+            where[epoch].append((path.name, rank, int(rec["batch"]), rows))
+    for epoch, report in reports.items():
+        count = counts[epoch]
+        report.duplicates = int((count > 1).sum())
+        report.missing = int((count == 0).sum())
+        if report.duplicates:
+            dup = count > 1
+            for name, rank, batch, rows in where[epoch]:
+                if len(report.duplicate_examples) >= max_examples:
+                    break
+                hit = rows[dup[rows]]
+                if len(hit):
+                    report.duplicate_examples.append(
+                        {"file": name, "rank": rank, "batch": batch, "rows": hit[:5].tolist()})
+    return [reports[e] for e in sorted(reports)]
