@@ -133,23 +133,21 @@ def fragment_order(num_fragments: int, *, seed: int, epoch: int, shuffle: bool) 
     return np.random.default_rng([seed, epoch]).permutation(num_fragments)
 
 
-def _span_slices(
-    start: int, stop: int, order: np.ndarray, bounds: np.ndarray, rows: np.ndarray
-) -> list[tuple[int, Slice]]:
-    """Slices covering virtual positions ``[start, stop)``, each with its first position.
+def _walk(start: int, stop: int, bounds: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Cover virtual positions ``[start, stop)`` of items with first positions ``bounds``.
 
-    ``bounds[i]`` is the first position of ``order[i]``; positions past the total wrap around.
+    Returns ``(position, item, offset in the item, rows)`` pieces; positions past the total
+    wrap to the start (the padding of step 2).
     """
     total = int(bounds[-1])
-    out: list[tuple[int, Slice]] = []
+    out = []
     pos = start
     while pos < stop:
         local = pos % total
         i = int(np.searchsorted(bounds, local, side="right")) - 1
-        frag = int(order[i])
-        begin = local - int(bounds[i])
-        take = min(int(rows[frag]) - begin, stop - pos)
-        out.append((pos, Slice(frag, begin, begin + take)))
+        offset = local - int(bounds[i])
+        take = min(int(bounds[i + 1]) - local, stop - pos)
+        out.append((pos, i, offset, take))
         pos += take
     return out
 
@@ -203,7 +201,8 @@ def plan_epoch(
     bounds = np.concatenate([[0], np.cumsum(rows[order])])
     plans = []
     for w, (positions, sizes, begin, end) in enumerate(deal.workers):
-        pieces = _span_slices(begin, end, order, bounds, rows) if sizes else []
+        pieces = [(pos, Slice(int(order[i]), off, off + n))
+                  for pos, i, off, n in _walk(begin, end, bounds)]
         windows = _windows(pieces, seed, epoch, shuffle, window_rows)
         plans.append(WorkerPlan(w, tuple(whole(x) for x in windows), sizes, positions))
     return RankPlan(deal.num_batches, tuple(plans))
@@ -251,27 +250,12 @@ def plan_remainder(
     bounds = np.concatenate([[0], np.cumsum(sizes_)])
     plans = []
     for w, (positions, sizes, begin, end) in enumerate(deal.workers):
-        cut = _span_segments(begin, end, segments, bounds) if sizes else ()
+        cut = tuple(
+            Segment(segments[i].window, segments[i].start + off, segments[i].start + off + n)
+            for _, i, off, n in _walk(begin, end, bounds)
+        )
         plans.append(WorkerPlan(w, cut, sizes, positions))
     return RankPlan(deal.num_batches, tuple(plans), first_position)
-
-
-def _span_segments(start: int, stop: int, segments: list[Segment],
-                   bounds: np.ndarray) -> tuple[Segment, ...]:
-    """Parts of ``segments`` covering virtual positions ``[start, stop)`` (wrapping past the
-    end, as the padding of step 2)."""
-    total = int(bounds[-1])
-    out = []
-    pos = start
-    while pos < stop:
-        local = pos % total
-        i = int(np.searchsorted(bounds, local, side="right")) - 1
-        seg = segments[i]
-        begin = seg.start + local - int(bounds[i])
-        take = min(seg.stop - begin, stop - pos)
-        out.append(Segment(seg.window, begin, begin + take))
-        pos += take
-    return tuple(out)
 
 
 def _windows(
