@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from ._discover import Discovery, discover
+from ._discover import Discovery, discover, read_footers
 from ._errors import InvalidArgumentError
 from ._read import FragmentReader
 
@@ -74,8 +74,9 @@ class ParquetDataset:
 
     @property
     def metadata(self) -> list[pq.FileMetaData]:
-        """The Parquet footer of each file, in :attr:`files` order (read when opened)."""
-        return [f.metadata for f in self._discovery.files]
+        """The Parquet footer of each file, in :attr:`files` order (read now if the dataset
+        was opened from its manifest)."""
+        return read_footers(self._discovery.files)
 
     @property
     def num_row_groups(self) -> int:

@@ -22,6 +22,7 @@ from ._errors import (
     EmptyDatasetError,
     SchemaMismatchError,
 )
+from ._manifest import read_manifest
 
 _GLOB_CHARS = set("*?[")
 _INT_TEXT = re.compile(r"-?[0-9]+")  # ASCII only: str.isdigit() also accepts '²'
@@ -33,7 +34,7 @@ class FileEntry:
     """One Parquet file: where it is, its footer and its hive partition values."""
 
     path: str
-    metadata: pq.FileMetaData
+    metadata: pq.FileMetaData | None  # None when opened from a manifest: read when needed
     size_bytes: int
     partition: tuple[tuple[str, str | None], ...] = ()
 
@@ -120,6 +121,20 @@ def _hive_partition(path: Path, root: Path | None) -> tuple[tuple[str, str | Non
     return tuple(parts)
 
 
+def _row_groups(md: pq.FileMetaData) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    groups = [md.row_group(i) for i in range(md.num_row_groups)]
+    return tuple(g.num_rows for g in groups), tuple(g.total_byte_size for g in groups)
+
+
+def read_footers(entries: Sequence[FileEntry]) -> list[pq.FileMetaData]:
+    """Every file's footer: the known ones, the others read in parallel."""
+    missing = [Path(e.path) for e in entries if e.metadata is None]
+    workers = max(1, min(_MAX_FOOTER_THREADS, len(missing)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
+        read = iter([md for md, _ in pool.map(_read_footer, missing)])
+    return [e.metadata if e.metadata is not None else next(read) for e in entries]
+
+
 def _read_footer(path: Path) -> tuple[pq.FileMetaData, int]:
     try:
         return pq.read_metadata(path), path.stat().st_size
@@ -165,37 +180,36 @@ def same_type(a: pa.DataType, b: pa.DataType) -> bool:
     return False
 
 
-def _unify(entries: Sequence[FileEntry], columns: Sequence[str] | None) -> pa.Schema:
-    first = entries[0]
-    base = first.metadata.schema.to_arrow_schema().remove_metadata()
+def _unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | None) -> pa.Schema:
+    """One schema for ``(path, schema)`` pairs, or an error naming two files that disagree."""
+    first, base = schemas[0][0], schemas[0][1].remove_metadata()
     names = list(base.names) if columns is None else list(columns)
     for name in names:
         if base.get_field_index(name) < 0:
             raise ColumnNotFoundError(
-                f"column {name!r} is not in {first.path}; its columns are {base.names}"
+                f"column {name!r} is not in {first}; its columns are {base.names}"
             )
     fields = [base.field(n) for n in names]
-    for entry in entries[1:]:
-        schema = entry.metadata.schema.to_arrow_schema()
+    for path, schema in schemas[1:]:
         if columns is None:
             extra = sorted(set(schema.names) - set(names))
             if extra:
                 raise SchemaMismatchError(
-                    f"{entry.path} has column {extra[0]!r} that {first.path} lacks; "
+                    f"{path} has column {extra[0]!r} that {first} lacks; "
                     "pass columns=[...] to read the columns they share"
                 )
         for field in fields:
             i = schema.get_field_index(field.name)
             if i < 0:
                 raise SchemaMismatchError(
-                    f"{entry.path} lacks column {field.name!r} that {first.path} has; "
+                    f"{path} lacks column {field.name!r} that {first} has; "
                     "pass columns=[...] to read the columns they share"
                 )
             other = schema.field(i).type
             if not same_type(field.type, other):
                 raise SchemaMismatchError(
-                    f"column {field.name!r} is {field.type} in {first.path} but {other} in "
-                    f"{entry.path}; cast it when writing, or leave it out with columns=[...]"
+                    f"column {field.name!r} is {field.type} in {first} but {other} in "
+                    f"{path}; cast it when writing, or leave it out with columns=[...]"
                 )
     return pa.schema(fields)
 
@@ -203,13 +217,24 @@ def _unify(entries: Sequence[FileEntry], columns: Sequence[str] | None) -> pa.Sc
 def discover(source: object, columns: Sequence[str] | None = None) -> Discovery:
     """Open a source: list its files, read their footers in parallel, build the index."""
     paths, root = expand_source(source)
-    workers = max(1, min(_MAX_FOOTER_THREADS, len(paths)))
-    with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
-        footers = list(pool.map(_read_footer, paths))
-    entries = [
-        FileEntry(str(p), md, size, _hive_partition(p, root))
-        for p, (md, size) in zip(paths, footers, strict=True)
-    ]
+    manifest = read_manifest(root, paths) if root is not None else None
+    groups: list[tuple[tuple[int, ...], tuple[int, ...]]]  # per file: rows, bytes per group
+    if manifest is not None:
+        entries = [FileEntry(str(f.path), None, f.size_bytes, _hive_partition(f.path, root))
+                   for f in manifest.files]
+        schemas = [(entries[0].path, manifest.schema)]
+        groups = [(f.row_group_rows, f.row_group_bytes) for f in manifest.files]
+    else:
+        workers = max(1, min(_MAX_FOOTER_THREADS, len(paths)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
+            footers = list(pool.map(_read_footer, paths))
+        entries = [
+            FileEntry(str(p), md, size, _hive_partition(p, root))
+            for p, (md, size) in zip(paths, footers, strict=True)
+        ]
+        schemas = [(e.path, md.schema.to_arrow_schema()) for e, (md, _) in zip(
+            entries, footers, strict=True)]
+        groups = [_row_groups(md) for md, _ in footers]
     part_schema = _partition_schema(entries)
     if columns is not None:
         columns = list(columns)
@@ -218,7 +243,7 @@ def discover(source: object, columns: Sequence[str] | None = None) -> Discovery:
         file_cols = [c for c in columns if c not in part_schema.names]
     else:
         file_cols = None
-    schema = _unify(entries, file_cols)
+    schema = _unify(schemas, file_cols)
     for field in part_schema:
         if schema.get_field_index(field.name) >= 0:
             raise SchemaMismatchError(
@@ -230,16 +255,14 @@ def discover(source: object, columns: Sequence[str] | None = None) -> Discovery:
     schema = pa.schema([full.field(n) for n in wanted])
 
     file_index, row_group, num_rows, byte_size = [], [], [], []
-    for i, entry in enumerate(entries):
-        md = entry.metadata
-        for rg in range(md.num_row_groups):
-            meta = md.row_group(rg)
-            if meta.num_rows == 0:
+    for i, (rows, sizes) in enumerate(groups):
+        for rg, (n, size) in enumerate(zip(rows, sizes, strict=True)):
+            if n == 0:
                 continue
             file_index.append(i)
             row_group.append(rg)
-            num_rows.append(meta.num_rows)
-            byte_size.append(meta.total_byte_size)
+            num_rows.append(n)
+            byte_size.append(size)
     return Discovery(
         files=tuple(entries),
         schema=schema,

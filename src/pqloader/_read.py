@@ -21,8 +21,27 @@ class FragmentReader:
     def __init__(self, discovery: Discovery, *, verify_checksums: bool = False) -> None:
         self._d = discovery
         self.verify_checksums = verify_checksums
+        # Footers of files opened from a manifest, read at their first use (a footer holds no
+        # data buffers, unlike an open file); dict reads and writes are atomic across threads.
+        self._footers: dict[int, pq.FileMetaData] = {}
         parts = set(discovery.partition_schema.names)
         self._file_columns = [n for n in discovery.schema.names if n not in parts]
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"d": self._d, "verify": self.verify_checksums}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["d"], verify_checksums=state["verify"])  # type: ignore[misc]
+
+    def _footer(self, file_index: int) -> pq.FileMetaData | None:
+        entry = self._d.files[file_index]
+        if entry.metadata is not None:
+            return entry.metadata
+        footer = self._footers.get(file_index)
+        if footer is None:
+            footer = pq.read_metadata(entry.path)
+            self._footers[file_index] = footer
+        return footer
 
     @property
     def discovery(self) -> Discovery:
@@ -35,7 +54,7 @@ class FragmentReader:
         row_group = int(d.row_group[fragment])
         entry = d.files[file_index]
         try:
-            with pq.ParquetFile(entry.path, metadata=entry.metadata,
+            with pq.ParquetFile(entry.path, metadata=self._footer(file_index),
                                 page_checksum_verification=self.verify_checksums) as handle:
                 table = handle.read_row_group(row_group, columns=self._file_columns,
                                               use_threads=True)

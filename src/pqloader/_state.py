@@ -44,16 +44,15 @@ def fingerprint(discovery: Discovery) -> dict[str, Any]:
     """What identifies a dataset's content: file names (relative), sizes, row groups, schema.
 
     Names are taken relative to the files' common folder, so a dataset moved or mounted
-    elsewhere still matches.
+    elsewhere still matches. Built from the index, so it needs no footer.
     """
     paths = [f.path for f in discovery.files]
     root = os.path.commonpath([os.path.dirname(p) for p in paths])
     digest = hashlib.sha256()
     for entry in discovery.files:
-        md = entry.metadata
-        rows = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-        digest.update(json.dumps([os.path.relpath(entry.path, root), entry.size_bytes, rows])
-                      .encode())
+        digest.update(json.dumps([os.path.relpath(entry.path, root), entry.size_bytes]).encode())
+    for array in (discovery.file_index, discovery.row_group, discovery.num_rows):
+        digest.update(array.astype("<i8").tobytes())
     digest.update(str(discovery.schema).encode())
     return {"files": len(paths), "rows": int(discovery.num_rows.sum()),
             "digest": digest.hexdigest()[:32]}

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from ._errors import DataError, InvalidArgumentError, check_positive
+from ._manifest import write_manifest
 
 FILE_PATTERN = "part-{:05d}.parquet"
 
@@ -221,6 +222,7 @@ def write_dataset(
             for p in existing:
                 p.unlink()
             paths = [str(Path(p).replace(root / Path(p).name)) for p in paths]
+        write_manifest(root, paths)  # opening the dataset then reads no footer
     finally:
         if staging != root:
             shutil.rmtree(staging, ignore_errors=True)

@@ -284,6 +284,7 @@ def test_spark_written_list_alongside_pyarrow(tmp_path: Path, make_dataset: Any)
     shutil.copytree(src, dst)
     t = pq.read_table(dst / "part-00001.parquet")
     pq.write_table(t, dst / "part-00001.parquet", use_compliant_nested_type=False)
+    (dst / "_pqloader_manifest.json").unlink()  # rewritten by hand: its footers are the truth
     ds = pqloader.ParquetDataset(dst)
     assert len(ds) == 200
     assert ds[150]["tokens"] == list(range(150 % 5))
@@ -337,3 +338,34 @@ def test_sampler_with_torch_workers(dataset_path: Path) -> None:
     loader = torch.utils.data.DataLoader(ds, batch_size=100, sampler=sampler, num_workers=2)
     ids = torch.cat([b["id"] for b in loader])
     assert sorted(ids.tolist()) == list(range(1000))
+
+
+def test_a_written_dataset_opens_from_its_manifest_without_footers(tmp_path: Path) -> None:
+    table = pa.table({"id": np.arange(1000), "x": np.arange(1000, dtype=np.float32)})
+    pqloader.write_dataset(table, tmp_path / "d", rows_per_file=300, row_group_size=100)
+    assert (tmp_path / "d" / "_pqloader_manifest.json").is_file()
+    ds = pqloader.ParquetDataset(tmp_path / "d")
+    assert all(f.metadata is None for f in ds._discovery.files), "no footer was read"
+    assert len(ds) == 1000 and ds.num_row_groups == 10 and ds.schema.equals(table.schema)
+    assert ds[999] == {"id": 999, "x": 999.0}
+    got = sorted(i for b in pqloader.DataLoader(ds, batch_size=64, shuffle=True)
+                 for i in b["id"].tolist())
+    assert got == list(range(1000))
+    assert [md.num_rows for md in ds.metadata] == [300, 300, 300, 100]  # read on demand
+
+
+def test_a_stale_manifest_is_ignored_with_a_warning(tmp_path: Path) -> None:
+    pqloader.write_dataset(pa.table({"id": np.arange(100)}), tmp_path, rows_per_file=50)
+    pq.write_table(pa.table({"id": np.arange(100, 120)}), tmp_path / "part-00002.parquet")
+    with pytest.warns(UserWarning, match="does not match the files"):
+        ds = pqloader.ParquetDataset(tmp_path)
+    assert len(ds) == 120
+
+
+def test_the_fingerprint_is_the_same_with_or_without_manifest(tmp_path: Path) -> None:
+    pqloader.write_dataset(pa.table({"id": np.arange(100)}), tmp_path, rows_per_file=50)
+    with_manifest = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=10)
+    state = with_manifest.state_dict()
+    (tmp_path / "_pqloader_manifest.json").unlink()
+    without = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=10)
+    without.load_state_dict(state)

@@ -234,7 +234,8 @@ def test_overwrite_replaces_parts(tmp_path: Path) -> None:
     paths = pqloader.write_dataset(_table(50, start=1000), root, rows_per_file=30,
                                    overwrite=True)
     assert len(paths) == 2
-    assert _data_files(root) == ["_SUCCESS", "part-00000.parquet", "part-00001.parquet"]
+    assert _data_files(root) == ["_SUCCESS", "_pqloader_manifest.json", "part-00000.parquet",
+                                 "part-00001.parquet"]
     _assert_round_trip(root, _table(50, start=1000))
 
 
@@ -258,7 +259,8 @@ def test_path_is_a_file(tmp_path: Path) -> None:
 def test_no_temp_files_after_success(tmp_path: Path) -> None:
     root = tmp_path / "out"
     pqloader.write_dataset(_table(1000), root, rows_per_file=300, row_group_size=64)
-    assert _data_files(root) == [f"part-{i:05d}.parquet" for i in range(4)]
+    assert _data_files(root) == ["_pqloader_manifest.json",
+                                 *[f"part-{i:05d}.parquet" for i in range(4)]]
 
 
 def test_error_mid_stream_leaves_only_complete_files(tmp_path: Path) -> None:
@@ -319,7 +321,8 @@ def test_overwrite_failing_midway_keeps_the_old_dataset(tmp_path: Path) -> None:
         pqloader.write_dataset(failing(), tmp_path, rows_per_file=10, row_group_size=5,
                                overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+        "_pqloader_manifest.json", "part-00000.parquet", "part-00001.parquet",
+        "part-00002.parquet"]
     assert pqloader.ParquetDataset(tmp_path).__getitems__(range(10)) == old.to_pylist()
 
 
@@ -327,7 +330,8 @@ def test_overwrite_replaces_the_dataset_whole(tmp_path: Path) -> None:
     pqloader.write_dataset(pa.table({"id": list(range(10))}), tmp_path, rows_per_file=2)
     paths = pqloader.write_dataset(pa.table({"id": [7, 8, 9]}), tmp_path, overwrite=True)
     assert paths == [str(tmp_path / "part-00000.parquet")]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["part-00000.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "_pqloader_manifest.json", "part-00000.parquet"]
     assert len(pqloader.ParquetDataset(tmp_path)) == 3
 
 

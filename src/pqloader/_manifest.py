@@ -1,0 +1,91 @@
+"""The dataset manifest: what opening a dataset needs, so that no footer has to be read.
+
+:func:`pqloader.write_dataset` writes ``_pqloader_manifest.json`` beside its files (the leading
+underscore keeps it out of the data, as Spark's ``_SUCCESS``): each file's relative name, size
+and row groups (rows, bytes), and the Arrow schema. Opening a folder whose data files match it
+by name and size reads that one small file instead of every footer; a manifest that does not
+match (a file added, removed or rewritten) is ignored with a warning, and footers are read.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+NAME = "_pqloader_manifest.json"
+FORMAT = "pqloader.manifest"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: Path
+    size_bytes: int
+    row_group_rows: tuple[int, ...]
+    row_group_bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    files: tuple[ManifestFile, ...]
+    schema: pa.Schema
+
+
+def write_manifest(root: Path, paths: list[str]) -> None:
+    """Describe ``paths`` (all in ``root``) in ``root/_pqloader_manifest.json``, atomically."""
+    files = []
+    schema = None
+    for path in paths:
+        md = pq.read_metadata(path)
+        schema = schema or md.schema.to_arrow_schema()
+        groups = [md.row_group(i) for i in range(md.num_row_groups)]
+        files.append({"name": os.path.relpath(path, root), "size": os.path.getsize(path),
+                      "rows": [g.num_rows for g in groups],
+                      "bytes": [g.total_byte_size for g in groups]})
+    if schema is None:
+        return
+    body = {"format": FORMAT, "version": VERSION, "files": files,
+            "schema": base64.b64encode(schema.serialize().to_pybytes()).decode()}
+    tmp = root / f".{NAME}.tmp-{uuid.uuid4().hex}"
+    tmp.write_text(json.dumps(body, separators=(",", ":")), encoding="utf-8")
+    os.replace(tmp, root / NAME)
+
+
+def read_manifest(root: Path, paths: list[Path]) -> Manifest | None:
+    """The manifest of ``root`` if it describes exactly ``paths`` as they are on disk now."""
+    file = root / NAME
+    if not file.is_file():
+        return None
+    try:
+        body: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+        if body.get("format") != FORMAT or body.get("version") != VERSION:
+            raise ValueError(f"format {body.get('format')!r} version {body.get('version')!r}")
+        listed = {str(root / f["name"]): f for f in body["files"]}
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema"])))
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        warnings.warn(f"{file}: unreadable manifest ({exc}); reading the footers instead",
+                      stacklevel=3)
+        return None
+    found = {str(p) for p in paths}
+    stale = sorted(found ^ set(listed)) or [
+        p for p in sorted(found) if Path(p).stat().st_size != listed[p]["size"]]
+    if stale:
+        warnings.warn(f"{file} does not match the files ({stale[0]} differs); reading the "
+                      "footers instead. Rewrite the dataset, or delete the manifest",
+                      stacklevel=3)
+        return None
+    return Manifest(
+        files=tuple(ManifestFile(Path(p), int(listed[str(p)]["size"]),
+                                 tuple(listed[str(p)]["rows"]), tuple(listed[str(p)]["bytes"]))
+                    for p in paths),
+        schema=schema,
+    )
