@@ -223,6 +223,25 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from ._bench import bench
+
+    ds = pqloader.ParquetDataset(args.path, columns=args.columns)
+    result = bench(ds, max_batches=args.max_batches,
+                   progress=False if args.no_progress else None,
+                   batch_size=args.batch_size, shuffle=not args.no_shuffle, seed=args.seed,
+                   num_workers=args.num_workers, worker_type=args.worker_type)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(f"{result.rows:,} rows in {result.batches:,} batches of {args.batch_size:,} in "
+              f"{result.seconds:.2f} s: {result.rows_per_s:,.0f} rows/s; first batch after "
+              f"{result.first_batch_s:.2f} s; peak RSS {result.peak_rss_mib:,.0f} MiB "
+              f"({args.num_workers} {args.worker_type} workers, "
+              f"{'no shuffle' if args.no_shuffle else 'shuffled'})")
+    return 0
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
     reports = pqloader.audit(args.dir)
     if args.json:
@@ -270,6 +289,20 @@ def build_parser() -> argparse.ArgumentParser:
     wr.add_argument("--overwrite", action="store_true", help="replace part-*.parquet in DST")
     wr.add_argument("--no-progress", action="store_true", help="no progress bar")
     wr.set_defaults(run=_cmd_write, parser=wr, **_WRITE_DEFAULTS)
+
+    be = commands.add_parser("bench", help="measure a loader on a dataset: rows/s, first batch")
+    be.add_argument("path", help="a directory, a glob or a Parquet file")
+    be.add_argument("--columns", type=_names, metavar="A,B", help="only these columns")
+    be.add_argument("--batch-size", type=_positive_int, default=4096, metavar="N")
+    be.add_argument("--num-workers", type=int, default=2, metavar="N")
+    be.add_argument("--worker-type", choices=("thread", "process"), default="thread")
+    be.add_argument("--no-shuffle", action="store_true", help="read in file order")
+    be.add_argument("--seed", type=int, default=0)
+    be.add_argument("--max-batches", type=_positive_int, metavar="N",
+                    help="stop after N batches (default: one epoch)")
+    be.add_argument("--no-progress", action="store_true", help="no progress bar")
+    be.add_argument("--json", action="store_true", help="print one JSON object")
+    be.set_defaults(run=_cmd_bench, parser=be)
 
     au = commands.add_parser("audit", help="check audit records: every row exactly once?")
     au.add_argument("dir", help="the audit_dir a DataLoader wrote its records into")

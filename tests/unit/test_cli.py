@@ -313,3 +313,18 @@ def test_python_dash_m_runs_in_a_subprocess(make_dataset) -> None:
                              capture_output=True, text=True, timeout=120, check=False)
     assert missing.returncode == 1
     assert missing.stderr.startswith("pqloader: ") and "nope" in missing.stderr
+
+
+def test_bench_measures_an_epoch(make_dataset, capsys) -> None:
+    path = make_dataset(1000)
+    code, out, _ = run(capsys, "bench", path, "--batch-size", "100", "--json", "--no-progress")
+    assert code == 0
+    result = json.loads(out)
+    assert (result["rows"], result["batches"]) == (1000, 10)
+    assert result["rows_per_s"] > 0 and result["first_batch_s"] <= result["seconds"]
+
+
+def test_bench_stops_after_max_batches(make_dataset, capsys) -> None:
+    code, out, _ = run(capsys, "bench", make_dataset(1000), "--batch-size", "100",
+                       "--max-batches", "3", "--num-workers", "0", "--no-progress")
+    assert code == 0 and out.startswith("300 rows in 3 batches")

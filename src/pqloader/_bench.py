@@ -1,0 +1,68 @@
+"""Measure a loader on a dataset: rows/s, time to first batch, peak memory (``pqloader bench``)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ._dataset import ParquetDataset
+from ._loader import DataLoader
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    rows: int
+    batches: int
+    seconds: float
+    first_batch_s: float  # from building the loader to holding the first batch
+    rows_per_s: float
+    peak_rss_mib: float  # this process, plus its finished children (worker processes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _peak_rss_mib() -> float:
+    # ru_maxrss is KiB on Linux; children counts worker processes that have exited
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return float(own + children) / 1024
+
+
+def bench(dataset: ParquetDataset, *, max_batches: int | None = None, progress: bool | None = None,
+          **loader_options: Any) -> BenchResult:
+    """Iterate one epoch (or ``max_batches``) of ``DataLoader(dataset, **loader_options)``.
+
+    Touches every batch's first tensor so nothing is skipped lazily; no training step, so this
+    is the loader's own ceiling.
+    """
+    start = time.perf_counter()
+    loader = DataLoader(dataset, **loader_options)
+    total = len(loader) if max_batches is None else min(max_batches, len(loader))
+    show = sys.stderr.isatty() if progress is None else progress
+    rows = batches = 0
+    first = 0.0
+    with tqdm(total=total, unit="batch", disable=not show, desc="pqloader bench") as bar:
+        for batch in loader:
+            if batches == 0:
+                first = time.perf_counter() - start
+            rows += _rows_of(batch)
+            batches += 1
+            bar.update(1)
+            if batches >= total:
+                break
+    seconds = time.perf_counter() - start
+    return BenchResult(rows, batches, seconds, first, rows / seconds if seconds else 0.0,
+                       _peak_rss_mib())
+
+
+def _rows_of(batch: Any) -> int:
+    if isinstance(batch, dict) and batch:
+        value = next(iter(batch.values()))
+        return len(value)
+    return 0
