@@ -66,3 +66,27 @@ def _rows_of(batch: Any) -> int:
         value = next(iter(batch.values()))
         return len(value)
     return 0
+
+
+def tune(dataset: ParquetDataset, *, batch_size: int, max_batches: int = 200, repeats: int = 2,
+         candidates: list[dict[str, Any]] | None = None,
+         **loader_options: Any) -> list[tuple[dict[str, Any], BenchResult]]:
+    """Measure ``candidates`` (loader settings) on ``dataset``, best first.
+
+    Each candidate runs ``repeats`` times for ``max_batches`` batches, interleaved with the
+    others so that the machine's noise hits them alike; its median run counts.
+    """
+    if candidates is None:
+        candidates = [{"num_workers": n, "prefetch_factor": p}
+                      for n in (0, 1, 2, 3, 4) for p in (2, 8) if n or p == 2]
+    runs: list[list[BenchResult]] = [[] for _ in candidates]
+    for _ in range(repeats):
+        for i, settings in enumerate(candidates):
+            options = {**loader_options, **settings}
+            if not options.get("num_workers"):
+                options.pop("prefetch_factor", None)
+            runs[i].append(bench(dataset, batch_size=batch_size, max_batches=max_batches,
+                                 progress=False, **options))
+    medians = [sorted(r, key=lambda x: x.rows_per_s)[len(r) // 2] for r in runs]
+    ranked = sorted(zip(candidates, medians, strict=True), key=lambda cr: -cr[1].rows_per_s)
+    return ranked

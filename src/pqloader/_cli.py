@@ -242,6 +242,27 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from ._bench import tune
+
+    ds = pqloader.ParquetDataset(args.path, columns=args.columns)
+    ranked = tune(ds, batch_size=args.batch_size, max_batches=args.max_batches,
+                  repeats=args.repeats, shuffle=not args.no_shuffle)
+    if args.json:
+        print(json.dumps([{**settings, **result.as_dict()} for settings, result in ranked]))
+        return 0
+    best = ranked[0][1].rows_per_s
+    print(f"{'num_workers':>11} {'prefetch':>8} {'rows/s':>12} {'x best':>7} {'first s':>8}")
+    for settings, result in ranked:
+        print(f"{settings['num_workers']:>11} {settings.get('prefetch_factor', '-'):>8} "
+              f"{result.rows_per_s:>12,.0f} {result.rows_per_s / best:>7.2f} "
+              f"{result.first_batch_s:>8.2f}")
+    top = ranked[0][0]
+    print(f"best: DataLoader(ds, batch_size={args.batch_size}, "
+          + ", ".join(f"{k}={v}" for k, v in top.items()) + ")")
+    return 0
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
     reports = pqloader.audit(args.dir)
     if args.json:
@@ -303,6 +324,18 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--no-progress", action="store_true", help="no progress bar")
     be.add_argument("--json", action="store_true", help="print one JSON object")
     be.set_defaults(run=_cmd_bench, parser=be)
+
+    tu = commands.add_parser("tune", help="try loader settings on a dataset, print the best")
+    tu.add_argument("path", help="a directory, a glob or a Parquet file")
+    tu.add_argument("--columns", type=_names, metavar="A,B", help="only these columns")
+    tu.add_argument("--batch-size", type=_positive_int, default=4096, metavar="N")
+    tu.add_argument("--no-shuffle", action="store_true", help="read in file order")
+    tu.add_argument("--max-batches", type=_positive_int, default=200, metavar="N",
+                    help="batches per trial (default: %(default)s)")
+    tu.add_argument("--repeats", type=_positive_int, default=2, metavar="N",
+                    help="trials per setting, interleaved; the median counts")
+    tu.add_argument("--json", action="store_true", help="print one JSON list, best first")
+    tu.set_defaults(run=_cmd_tune, parser=tu)
 
     au = commands.add_parser("audit", help="check audit records: every row exactly once?")
     au.add_argument("dir", help="the audit_dir a DataLoader wrote its records into")

@@ -328,3 +328,14 @@ def test_bench_stops_after_max_batches(make_dataset, capsys) -> None:
     code, out, _ = run(capsys, "bench", make_dataset(1000), "--batch-size", "100",
                        "--max-batches", "3", "--num-workers", "0", "--no-progress")
     assert code == 0 and out.startswith("300 rows in 3 batches")
+
+
+def test_tune_ranks_settings_best_first(make_dataset, capsys) -> None:
+    code, out, _ = run(capsys, "tune", make_dataset(2000), "--batch-size", "100",
+                       "--max-batches", "5", "--repeats", "1", "--json")
+    assert code == 0
+    ranked = json.loads(out)
+    assert {r["num_workers"] for r in ranked} == {0, 1, 2, 3, 4}
+    rates = [r["rows_per_s"] for r in ranked]
+    assert rates == sorted(rates, reverse=True)
+    assert all(r["rows"] == 500 for r in ranked)
