@@ -1,0 +1,367 @@
+"""How fast does pqloader deliver shuffled, padded batches of token lists (W2 of issue 4), against
+the pyarrow decode + numpy padding floor and the naive tutorial way (pandas in memory + a
+map-style Dataset + torch's DataLoader with a ``pad_sequence`` collate_fn)?
+
+    .venv/bin/python benchmarks/bench_tokens.py            # 1M rows of list<int32>, 32-512 long
+    .venv/bin/python benchmarks/bench_tokens.py --tiny     # seconds: the smoke test's run
+
+The metric is real (non-padding) tokens per second: batches of 64 rows are padded to the batch's
+longest row and come with a mask, which every method builds (the floor and pqloader inside the
+timed loop, the naive way in its collate_fn). Each method runs in a fresh child process (this
+script with ``--child METHOD``); the parent samples the memory of the child's process tree (the
+child and its workers) every 20 ms. Methods are interleaved across repeats so that the machine's
+noise hits them all alike; the table shows medians and ratios, then one ``RESULT {json}`` line
+holds every number.
+
+Checks: the floor and pqloader must deliver every real token of the dataset (the generator's
+count) and agree on the sum of all token ids and labels; every method sums its batch's tokens in
+its timed loop for this (one pass over the batch, as a copy to the GPU would be). The naive way
+is timed over its first ``--naive-batches`` batches only (it is slow): naive-w0 and naive-w2
+must agree with each other (the same seeded sampler), and their masks with their lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from bench_tabular import MIB, SEED, _commit, watch
+
+METHODS = ("floor", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2")
+MIN_TOKENS, MAX_TOKENS = 32, 512  # row lengths, uniform, both ends included
+VOCAB = 50_000  # token ids in [1, VOCAB): 0 is the padding
+
+
+# -- data -------------------------------------------------------------------------------------
+def _lengths(rows: int, row_group_size: int) -> Any:
+    """Each chunk's row lengths, from their own seeded stream: the parent can count the
+    dataset's tokens without generating (or reading) the tokens themselves."""
+    rng = np.random.default_rng([SEED, 0])
+    for start in range(0, rows, row_group_size):
+        n = min(row_group_size, rows - start)
+        yield rng.integers(MIN_TOKENS, MAX_TOKENS + 1, n, dtype=np.int32)
+
+
+def _batches(rows: int, row_group_size: int) -> Any:
+    """Seeded record batches of ``row_group_size`` rows: never the whole dataset in memory."""
+    rng = np.random.default_rng([SEED, 1])
+    for lengths in _lengths(rows, row_group_size):
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        tokens = rng.integers(1, VOCAB, int(offsets[-1]), dtype=np.int32)
+        label = rng.integers(0, 10, len(lengths), dtype=np.int64)
+        yield pa.RecordBatch.from_arrays(
+            [pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens)), pa.array(label)],
+            names=["tokens", "label"])
+
+
+def expected_tokens(rows: int, row_group_size: int) -> int:
+    """The dataset's real tokens, counted from the generator's lengths alone."""
+    return sum(int(lengths.sum(dtype=np.int64)) for lengths in _lengths(rows, row_group_size))
+
+
+def ensure_data(path: Path, rows: int, files: int, row_group_size: int) -> None:
+    """Write the dataset into ``path`` unless it already holds it (same rows, files, groups)."""
+    rows_per_file = -(-rows // files)
+    parts = sorted(path.glob("part-*.parquet"))
+    if len(parts) == -(-rows // rows_per_file):
+        metas = [pq.read_metadata(p) for p in parts]
+        if sum(m.num_rows for m in metas) == rows and \
+                metas[0].row_group(0).num_rows == min(row_group_size, rows_per_file):
+            print(f"reusing {path}", file=sys.stderr)
+            return
+    import pqloader
+
+    print(f"writing {rows:,} rows into {path} ...", file=sys.stderr)
+    t0 = time.perf_counter()
+    pqloader.write_dataset(_batches(rows, row_group_size), path, rows_per_file=rows_per_file,
+                           row_group_size=row_group_size, overwrite=True)
+    print(f"  written in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+# -- the methods, each run in a child process -------------------------------------------------
+def run_floor(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The floor: every row group decoded by pyarrow, in file order, no shuffle; each 64-row
+    slice padded with numpy straight from the list offsets (no per-row Python), with a mask."""
+    t0 = time.perf_counter()
+    tokens = padded = token_sum = label_sum = batches = 0
+    for file in sorted(path.glob("*.parquet")):
+        pf = pq.ParquetFile(file)
+        for i in range(pf.num_row_groups):
+            table = pf.read_row_group(i, use_threads=True)
+            lists = table.column("tokens").combine_chunks()
+            offsets = lists.offsets.to_numpy()  # absolute positions in lists.values
+            values = lists.values.to_numpy()
+            labels = table.column("label").to_numpy()
+            for start in range(0, len(lists), args.batch_size):
+                off = offsets[start:start + args.batch_size + 1]
+                lengths = np.diff(off)
+                mask = np.arange(lengths.max()) < lengths[:, None]
+                batch = np.zeros(mask.shape, dtype=values.dtype)
+                batch[mask] = values[off[0]:off[-1]]
+                tokens += int(lengths.sum())
+                padded += batch.size
+                token_sum += int(batch.sum(dtype=np.int64))
+                label_sum += int(labels[start:start + args.batch_size].sum())
+                batches += 1
+    return {"tokens": tokens, "seconds": time.perf_counter() - t0, "padded": padded,
+            "batches": batches, "token_sum": token_sum, "label_sum": label_sum}
+
+
+class TutorialDataset:
+    """The tutorial way: a map-style dataset over a DataFrame, one ``df.iloc[i]`` per row."""
+
+    def __init__(self, df: Any) -> None:
+        self.df = df
+
+    def __len__(self) -> int:
+        return len(self.df)
+
+    def __getitem__(self, i: int) -> Any:
+        import torch  # imported here so that the floor's child never loads torch
+
+        row = self.df.iloc[i]
+        return torch.tensor(row["tokens"]), int(row["label"])
+
+
+def pad_collate(samples: list[Any]) -> Any:
+    """The tutorial collate_fn: ``pad_sequence`` to the batch's longest row, lengths, a mask."""
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+
+    rows, labels = zip(*samples, strict=True)
+    tokens = pad_sequence(rows, batch_first=True, padding_value=0)
+    lengths = torch.tensor([len(r) for r in rows])
+    mask = torch.arange(tokens.shape[1]) < lengths[:, None]
+    return tokens, lengths, mask, torch.tensor(labels)
+
+
+def run_naive(path: Path, args: argparse.Namespace, num_workers: int) -> dict[str, Any]:
+    """pandas + TutorialDataset + torch's DataLoader; ``naive_batches`` batches are timed.
+
+    The clock starts when the first batch arrives (worker start-up is not counted): the
+    steady state, which a whole epoch would approach.
+    """
+    import pandas as pd
+    import torch
+
+    t0 = time.perf_counter()
+    df = pd.read_parquet(path)
+    load_s = time.perf_counter() - t0
+    torch.manual_seed(SEED)
+    loader = torch.utils.data.DataLoader(TutorialDataset(df), batch_size=args.batch_size,
+                                         shuffle=True, num_workers=num_workers,
+                                         collate_fn=pad_collate)
+    batches = iter(loader)
+    next(batches)
+    tokens = padded = token_sum = masked = n = 0
+    t0 = time.perf_counter()
+    for batch, lengths, mask, _labels in itertools.islice(batches, args.naive_batches):
+        tokens += int(lengths.sum())
+        padded += batch.numel()
+        token_sum += int(batch.sum(dtype=torch.int64))
+        masked += int(mask.sum())
+        n += 1
+    seconds = time.perf_counter() - t0
+    if masked != tokens:
+        sys.exit(f"the masks hold {masked:,} tokens; the lengths say {tokens:,}")
+    return {"tokens": tokens, "seconds": seconds, "padded": padded, "batches": n,
+            "token_sum": token_sum, "load_s": load_s}
+
+
+def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int) -> dict[str, Any]:
+    """pqloader's DataLoader, shuffled, every batch consumed; the dataset's opening is timed."""
+    import torch
+
+    import pqloader
+
+    t0 = time.perf_counter()
+    ds = pqloader.ParquetDataset(path)
+    loader = pqloader.DataLoader(ds, batch_size=args.batch_size, shuffle=True, seed=SEED,
+                                 num_workers=num_workers)
+    tokens = padded = token_sum = label_sum = batches = 0
+    for batch in loader:
+        lengths = batch["tokens_lengths"]
+        mask = torch.arange(batch["tokens"].shape[1]) < lengths[:, None]
+        tokens += int(lengths.sum())
+        padded += mask.numel()
+        token_sum += int(batch["tokens"].sum(dtype=torch.int64))
+        label_sum += int(batch["label"].sum())
+        batches += 1
+    seconds = time.perf_counter() - t0
+    return {"tokens": tokens, "seconds": seconds, "padded": padded, "batches": batches,
+            "token_sum": token_sum, "label_sum": label_sum}
+
+
+CHILDREN = {
+    "floor": run_floor,
+    "naive-w0": lambda p, a: run_naive(p, a, 0),
+    "naive-w2": lambda p, a: run_naive(p, a, 2),
+    "pqloader-w0": lambda p, a: run_pqloader(p, a, 0),
+    "pqloader-w2": lambda p, a: run_pqloader(p, a, 2),
+}
+
+
+# -- the parent: run, watch, summarise --------------------------------------------------------
+def run_child(method: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", method, "--data", str(path),
+           "--batch-size", str(args.batch_size), "--naive-batches", str(args.naive_batches)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        peak_rss, peak_pss = watch(proc)
+        proc.wait()
+        out.seek(0)
+        err.seek(0)
+        lines = [line for line in out.read().splitlines() if line.startswith("CHILD ")]
+        if proc.returncode != 0 or not lines:
+            stderr = err.read().strip()
+            print(f"{method} failed (exit code {proc.returncode}):\n{stderr}", file=sys.stderr)
+            last = stderr.splitlines()[-1] if stderr else f"exit code {proc.returncode}"
+            return {"error": last}
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix("CHILD "))
+    result.update(tokens_per_s=result["tokens"] / max(result["seconds"], 1e-9),
+                  fill=result["tokens"] / max(result["padded"], 1),
+                  peak_rss_mib=round(peak_rss / MIB), peak_pss_mib=round(peak_pss / MIB))
+    return result
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]], total: dict[str, int]) -> dict[str, Any]:
+    """Per method: median tokens/s and peak memory over the runs, ratios, failures.
+
+    ``total``: the dataset's rows and real tokens; the floor and pqloader must deliver them all.
+    """
+    out: dict[str, Any] = {}
+    for method, results in runs.items():
+        ok = [r for r in results if "error" not in r]
+        errors = [r["error"] for r in results if "error" in r]
+        s: dict[str, Any] = {"runs": results, "errors": errors}
+        if ok:
+            s.update(tokens_per_s=statistics.median(r["tokens_per_s"] for r in ok),
+                     fill=statistics.median(r["fill"] for r in ok),
+                     peak_rss_mib=round(statistics.median(r["peak_rss_mib"] for r in ok)),
+                     peak_pss_mib=round(statistics.median(r["peak_pss_mib"] for r in ok)),
+                     peak_rss_mib_max=max(r["peak_rss_mib"] for r in ok))
+            if method.startswith("naive"):
+                s["load_s"] = statistics.median(r["load_s"] for r in ok)
+            elif any(r["tokens"] != total["tokens"] for r in ok):
+                errors.append(f"delivered {[r['tokens'] for r in ok]} real tokens, expected "
+                              f"{total['tokens']}")
+        out[method] = s
+    floor = out.get("floor", {}).get("tokens_per_s")
+    naive = [s["tokens_per_s"] for m, s in out.items()
+             if m.startswith("naive") and "tokens_per_s" in s]
+    # Methods that see the same rows must agree on every sum: the floor and pqloader (whole
+    # epochs), and the naive ones among themselves (the same seeded sampler, the same batches).
+    for naive_group in (False, True):
+        group = {m: s for m, s in out.items() if m.startswith("naive") == naive_group}
+        for key in ("tokens", "token_sum", "label_sum"):
+            sums = {r[key] for s in group.values() for r in s["runs"] if key in r}
+            if len(sums) > 1:
+                for s in group.values():
+                    s["errors"].append(f"{key} differs between methods: {sorted(sums)}")
+    for s in out.values():
+        if "tokens_per_s" in s:
+            s["x_floor"] = s["tokens_per_s"] / floor if floor else None
+            s["x_best_naive"] = s["tokens_per_s"] / max(naive) if naive else None
+    return out
+
+
+def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
+    def ratio(x: float | None) -> str:  # small ratios keep two significant digits
+        if x is None:
+            return "-"
+        return f"{x:,.0f}" if x >= 100 else f"{x:.2f}" if x >= 0.1 else f"{x:.2g}"
+
+    print(f"\npadded token batches: {args.rows:,} rows of list<int32>, {MIN_TOKENS}-{MAX_TOKENS} "
+          f"tokens, + int64 label, {args.files} files, {args.row_group_size:,}-row groups, batch "
+          f"{args.batch_size} padded to its longest row + mask; median of {args.repeats}")
+    print(f"{'method':<14}{'real tokens/s':>15}{'x floor':>9}{'x naive':>9}{'fill':>6}"
+          f"{'peak RSS MiB':>14}{'peak PSS MiB':>14}")
+    for method, s in summary.items():
+        if "tokens_per_s" not in s:
+            print(f"{method:<14}  FAILED: {s['errors'][0]}")
+            continue
+        star = "*" if method.startswith("naive") else ""
+        print(f"{method + star:<14}{s['tokens_per_s']:>15,.0f}{ratio(s['x_floor']):>9}"
+              f"{ratio(s['x_best_naive']):>9}{s['fill']:>6.2f}{s['peak_rss_mib']:>14,}"
+              f"{s['peak_pss_mib']:>14,}")
+    if any(m.startswith("naive") for m in summary):
+        loads = ", ".join(f"{m} {s['load_s']:.1f} s" for m, s in summary.items() if "load_s" in s)
+        print(f"* naive: tokens/s over {args.naive_batches} batches after the first; the load "
+              f"(pd.read_parquet) and the first batch are not counted ({loads})")
+    print("floor: pyarrow decode + numpy padding, no shuffle; pqloader: shuffled, every row, timed "
+          "from opening the dataset. fill: real tokens / padded batch elements. Peak memory of "
+          "the process tree, median of the runs' peaks: RSS counts shared pages once per "
+          "process, PSS splits them.")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--files", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="runs per method; medians reported")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of "
+                   + ", ".join(METHODS))
+    p.add_argument("--data", type=Path, help="dataset folder, reused when it holds the same "
+                   "rows, files and row groups (default: one under the temp dir)")
+    p.add_argument("--tiny", action="store_true",
+                   help="20k rows, 4 files, 2048-row groups, 1 repeat: a smoke run")
+    p.add_argument("--naive-batches", type=int, default=200, help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.row_group_size = 8192
+    if args.tiny:
+        args.rows, args.files, args.row_group_size, args.repeats = 20_000, 4, 2048, 1
+        args.naive_batches = min(args.naive_batches, 5)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if unknown := sorted(set(args.methods) - set(METHODS)):
+        p.error(f"unknown methods {unknown}; choose among {', '.join(METHODS)}")
+    if args.data is None:
+        args.data = Path(tempfile.gettempdir()) / (
+            f"pqloader-bench-tokens-{args.rows}x{args.files}-{args.row_group_size}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print("CHILD " + json.dumps(CHILDREN[args.child](args.data, args)), flush=True)
+        return 0
+    commit = _commit()  # before the runs: others may commit while they go on
+    ensure_data(args.data, args.rows, args.files, args.row_group_size)
+    total = {"rows": args.rows, "tokens": expected_tokens(args.rows, args.row_group_size)}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
+    for repeat in range(args.repeats):
+        k = repeat % len(args.methods)  # rotate the order too: no method always goes first
+        for method in args.methods[k:] + args.methods[:k]:
+            r = run_child(method, args.data, args)
+            runs[method].append(r)
+            note = r.get("error") or (f"{r['tokens_per_s']:,.0f} tokens/s, "
+                                      f"peak RSS {r['peak_rss_mib']:,} MiB")
+            print(f"[{repeat + 1}/{args.repeats}] {method}: {note}", file=sys.stderr)
+    summary = summarise(runs, total)
+    print_table(summary, args)
+    print("RESULT " + json.dumps({
+        "benchmark": "tokens", "commit": commit, "rows": args.rows, "files": args.files,
+        "row_group_size": args.row_group_size, "batch_size": args.batch_size,
+        "total_tokens": total["tokens"], "repeats": args.repeats,
+        "naive_batches": args.naive_batches, "methods": summary,
+    }))
+    return 1 if any(s["errors"] for s in summary.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
