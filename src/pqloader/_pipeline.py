@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ._collate import Kind, prepare, to_arrow, to_torch, window_order
+from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import PQLoaderError
 from ._plan import Segment, Window, WorkerPlan, advance
 from ._read import FragmentReader
@@ -101,12 +101,14 @@ class Stages:
 def _slice(values: Any, start: int, stop: int) -> Any:
     if isinstance(values, np.ndarray):
         return values[start:stop]
-    return values.slice(start, stop - start)
+    return values.slice(start, stop - start)  # Arrow arrays and Ragged alike
 
 
 def _concat(parts: list[Any]) -> Any:
     if isinstance(parts[0], np.ndarray):
         return np.concatenate(parts)
+    if isinstance(parts[0], Ragged):
+        return Ragged.concat(parts)
     return pa.concat_arrays(parts)
 
 
