@@ -103,7 +103,8 @@ def prepare(
     from the row groups' chunks: one column at a time stays in cache (gathering batch by batch
     across all columns of a large window missed it on nearly every row), no concatenation
     first, and the output comes from Arrow's pool (fresh numpy arrays page-faulted: 3x slower,
-    measured). Batches are then contiguous slices.
+    measured). Batches are then contiguous slices. ``list<number>`` columns are the exception:
+    they stay in read order as a :class:`Ragged`, permuted batch by batch while padding.
     """
     if kind == "list":
         combined = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
