@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_tabular import NUM_FEATURES, SEED, _commit, ensure_data
+import harness
+from bench_tabular import NUM_FEATURES, SEED, ensure_data
 
 POSITIONS = (0.0, 0.01, 0.5, 0.99)
 WORKERS = (0, 2)
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import pqloader
 
-    commit = _commit()  # before the runs: others may commit while they go on
+    commit = harness.commit()  # before the runs: others may commit while they go on
     package = Path(pqloader.__file__).parent
     modified = _modified(package)
     ensure_data(args.data, args.rows, args.files, args.row_group_size)

@@ -13,28 +13,23 @@ medians and ratios, then one ``RESULT {json}`` line holds every number.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 METHODS = ("floor", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2", "pqloader-w2-proc")
 NUM_FEATURES = 32
 SEED = 0
-SAMPLE_S = 0.02  # RSS of the tree every 20 ms ...
-TREE_EVERY = 5  # ... its process list and PSS every 5 samples (100 ms): they cost ~1-2 ms
-MIB = 2**20
 
 
 # -- data -------------------------------------------------------------------------------------
@@ -152,54 +147,12 @@ CHILDREN = {
 
 
 # -- the parent: run, watch, summarise --------------------------------------------------------
-def _tree_memory(tree: list[psutil.Process], pss: bool) -> int:
-    total = 0
-    for p in tree:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            total += p.memory_full_info().pss if pss else p.memory_info().rss
-    return total
-
-
-def watch(proc: subprocess.Popen[str]) -> tuple[int, int]:
-    """Peak RSS and PSS (bytes) of ``proc`` and its recursive children until it exits.
-
-    RSS counts a page shared by several processes (forked workers) once per process; PSS
-    splits it between them, so the tree's PSS is what the tree really holds.
-    """
-    root = psutil.Process(proc.pid)
-    tree, peak_rss, peak_pss = [root], 0, 0
-    for tick in itertools.count():
-        if proc.poll() is not None:
-            break
-        if tick % TREE_EVERY == 0:
-            try:
-                tree = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                break
-            peak_pss = max(peak_pss, _tree_memory(tree, pss=True))
-        peak_rss = max(peak_rss, _tree_memory(tree, pss=False))
-        time.sleep(SAMPLE_S)
-    return peak_rss, peak_pss
-
-
 def run_child(method: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", method, "--data", str(path),
-           "--batch-size", str(args.batch_size), "--naive-batches", str(args.naive_batches)]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
-        peak_rss, peak_pss = watch(proc)
-        proc.wait()
-        out.seek(0)
-        err.seek(0)
-        lines = [line for line in out.read().splitlines() if line.startswith("CHILD ")]
-        if proc.returncode != 0 or not lines:
-            stderr = err.read().strip()
-            print(f"{method} failed (exit code {proc.returncode}):\n{stderr}", file=sys.stderr)
-            last = stderr.splitlines()[-1] if stderr else f"exit code {proc.returncode}"
-            return {"error": last}
-    result: dict[str, Any] = json.loads(lines[-1].removeprefix("CHILD "))
-    result.update(rows_per_s=result["rows"] / max(result["seconds"], 1e-9),
-                  peak_rss_mib=round(peak_rss / MIB), peak_pss_mib=round(peak_pss / MIB))
+    result = harness.run_child(__file__, method, [
+        "--data", str(path), "--batch-size", str(args.batch_size),
+        "--naive-batches", str(args.naive_batches)])
+    if "error" not in result:
+        result["rows_per_s"] = result["rows"] / max(result["seconds"], 1e-9)
     return result
 
 
@@ -288,31 +241,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _commit() -> str | None:
-    """The checkout's commit, so that numbers can be matched with the code they measured."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         print("CHILD " + json.dumps(CHILDREN[args.child](args.data, args)), flush=True)
         return 0
-    commit = _commit()  # before the runs: others may commit while they go on
+    commit = harness.commit()  # before the runs: others may commit while they go on
     ensure_data(args.data, args.rows, args.files, args.row_group_size)
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
-    for repeat in range(args.repeats):
-        k = repeat % len(args.methods)  # rotate the order too: no method always goes first
-        for method in args.methods[k:] + args.methods[:k]:
-            r = run_child(method, args.data, args)
-            runs[method].append(r)
-            note = r.get("error") or (f"{r['rows_per_s']:,.0f} rows/s, "
-                                      f"peak RSS {r['peak_rss_mib']:,} MiB")
-            print(f"[{repeat + 1}/{args.repeats}] {method}: {note}", file=sys.stderr)
+    runs = harness.interleave(args.methods, args.repeats,
+                              lambda m: run_child(m, args.data, args),
+                              lambda r: f"{r['rows_per_s']:,.0f} rows/s")
     summary = summarise(runs, args.rows)
     print_table(summary, args)
     print("RESULT " + json.dumps({

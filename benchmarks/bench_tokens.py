@@ -26,17 +26,17 @@ import argparse
 import itertools
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from bench_tabular import MIB, SEED, _commit, watch
+from bench_tabular import SEED
 
 METHODS = ("floor", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2")
 MIN_TOKENS, MAX_TOKENS = 32, 512  # row lengths, uniform, both ends included
@@ -215,24 +215,12 @@ CHILDREN = {
 
 # -- the parent: run, watch, summarise --------------------------------------------------------
 def run_child(method: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", method, "--data", str(path),
-           "--batch-size", str(args.batch_size), "--naive-batches", str(args.naive_batches)]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
-        peak_rss, peak_pss = watch(proc)
-        proc.wait()
-        out.seek(0)
-        err.seek(0)
-        lines = [line for line in out.read().splitlines() if line.startswith("CHILD ")]
-        if proc.returncode != 0 or not lines:
-            stderr = err.read().strip()
-            print(f"{method} failed (exit code {proc.returncode}):\n{stderr}", file=sys.stderr)
-            last = stderr.splitlines()[-1] if stderr else f"exit code {proc.returncode}"
-            return {"error": last}
-    result: dict[str, Any] = json.loads(lines[-1].removeprefix("CHILD "))
-    result.update(tokens_per_s=result["tokens"] / max(result["seconds"], 1e-9),
-                  fill=result["tokens"] / max(result["padded"], 1),
-                  peak_rss_mib=round(peak_rss / MIB), peak_pss_mib=round(peak_pss / MIB))
+    result = harness.run_child(__file__, method, [
+        "--data", str(path), "--batch-size", str(args.batch_size),
+        "--naive-batches", str(args.naive_batches)])
+    if "error" not in result:
+        result.update(tokens_per_s=result["tokens"] / max(result["seconds"], 1e-9),
+                      fill=result["tokens"] / max(result["padded"], 1))
     return result
 
 
@@ -340,18 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print("CHILD " + json.dumps(CHILDREN[args.child](args.data, args)), flush=True)
         return 0
-    commit = _commit()  # before the runs: others may commit while they go on
+    commit = harness.commit()  # before the runs: others may commit while they go on
     ensure_data(args.data, args.rows, args.files, args.row_group_size)
     total = {"rows": args.rows, "tokens": expected_tokens(args.rows, args.row_group_size)}
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
-    for repeat in range(args.repeats):
-        k = repeat % len(args.methods)  # rotate the order too: no method always goes first
-        for method in args.methods[k:] + args.methods[:k]:
-            r = run_child(method, args.data, args)
-            runs[method].append(r)
-            note = r.get("error") or (f"{r['tokens_per_s']:,.0f} tokens/s, "
-                                      f"peak RSS {r['peak_rss_mib']:,} MiB")
-            print(f"[{repeat + 1}/{args.repeats}] {method}: {note}", file=sys.stderr)
+    runs = harness.interleave(args.methods, args.repeats,
+                              lambda m: run_child(m, args.data, args),
+                              lambda r: f"{r['tokens_per_s']:,.0f} tokens/s")
     summary = summarise(runs, total)
     print_table(summary, args)
     print("RESULT " + json.dumps({

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,3 +40,22 @@ def make_dataset(tmp_path: Path) -> MakeDataset:
         return path
 
     return make
+
+
+@pytest.fixture
+def run_bench(tmp_path: Path) -> Callable[[str], dict[str, object]]:
+    """Run ``benchmarks/NAME.py --tiny`` in a child process; return its ``RESULT`` JSON."""
+
+    def run(name: str) -> dict[str, object]:
+        script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        proc = subprocess.run(
+            [sys.executable, str(script), "--tiny", "--data", str(tmp_path / "data")],
+            capture_output=True, text=True, timeout=600,
+        )
+        assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        assert len(lines) == 1, proc.stdout
+        result: dict[str, object] = json.loads(lines[0].removeprefix("RESULT "))
+        return result
+
+    return run

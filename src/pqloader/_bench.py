@@ -21,14 +21,16 @@ class BenchResult:
     seconds: float
     first_batch_s: float  # from building the loader to holding the first batch
     rows_per_s: float
-    peak_rss_mib: float  # this process, plus its finished children (worker processes)
+    # This process's peak RSS, plus the largest peak of its finished children (worker
+    # processes): an estimate, not the peak of the whole tree at one moment.
+    peak_rss_mib: float
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def _peak_rss_mib() -> float:
-    # ru_maxrss is KiB on Linux; children counts worker processes that have exited
+    # ru_maxrss is KiB on Linux; for RUSAGE_CHILDREN it is the largest finished child's peak
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return float(own + children) / 1024

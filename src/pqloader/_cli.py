@@ -236,7 +236,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     else:
         print(f"{result.rows:,} rows in {result.batches:,} batches of {args.batch_size:,} in "
               f"{result.seconds:.2f} s: {result.rows_per_s:,.0f} rows/s; first batch after "
-              f"{result.first_batch_s:.2f} s; peak RSS {result.peak_rss_mib:,.0f} MiB "
+              f"{result.first_batch_s:.2f} s; peak RSS ~{result.peak_rss_mib:,.0f} MiB "
               f"({args.num_workers} {args.worker_type} workers, "
               f"{'no shuffle' if args.no_shuffle else 'shuffled'})")
     return 0

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_resume.py"
-
 
 @pytest.mark.slow
-def test_bench_resume_tiny(tmp_path: Path) -> None:
+def test_bench_resume_tiny(run_bench: Any) -> None:
     pytest.importorskip("psutil")  # bench_resume reuses bench_tabular's data, which imports it
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--tiny", "--data", str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, proc.stdout
-    result = json.loads(lines[0].removeprefix("RESULT "))
+    result: Any = run_bench("bench_resume")
     assert result["benchmark"] == "resume"
     cells = {(r["position"], r["workers"]) for r in result["results"]}
     assert cells == {(p, n) for p in (0.0, 0.01, 0.5, 0.99) for n in (0, 2)}

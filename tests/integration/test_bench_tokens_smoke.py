@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_tokens.py"
 METHODS = {"floor", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2"}
 WHOLE_EPOCH = {"floor", "pqloader-w0", "pqloader-w2"}
 
 
 @pytest.mark.slow
-def test_bench_tokens_tiny(tmp_path: Path) -> None:
+def test_bench_tokens_tiny(run_bench: Any) -> None:
     pytest.importorskip("pandas")
     pytest.importorskip("psutil")
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--tiny", "--data", str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, proc.stdout
-    result = json.loads(lines[0].removeprefix("RESULT "))
+    result: Any = run_bench("bench_tokens")
     assert result["benchmark"] == "tokens"
     assert set(result["methods"]) == METHODS
     for method, summary in result["methods"].items():
