@@ -470,14 +470,16 @@ rgw dynamic resharding = false
         c = ["-c", str(conf)]
         self._run("ceph-mon", "--id", "a", "--mkfs", "--keyring", "/dev/null")
         (self.dir / "mon" / "keyring").touch()
-        self._spawn(["ceph-mon", "--id", "a", "-f", *c], "mon.out.log", env=self._env)
+        # Throwaway daemons: SIGKILL stops them at once (memstore would write its store to disk,
+        # radosgw and the monitor take seconds to shut down cleanly).
+        self._spawn(["ceph-mon", "--id", "a", "-f", *c], "mon.out.log", kill=True,
+                    env=self._env)
         osd_id = self._run("ceph", "osd", "create").strip()
         self._run("ceph", "osd", "crush", "add", f"osd.{osd_id}", "1", "root=default")
         self._run("ceph-osd", "--id", osd_id, "--mkjournal", "--mkfs")
-        # memstore writes its whole store to disk on a clean stop: kill it instead.
         self._spawn(["ceph-osd", "--id", osd_id, "-f", *c], "osd.out.log", kill=True,
                     env=self._env)
-        rgw = self._spawn(["radosgw", "-n", "client.rgw", "-f", *c], "rgw.out.log",
+        rgw = self._spawn(["radosgw", "-n", "client.rgw", "-f", *c], "rgw.out.log", kill=True,
                           env=self._env)
         self.endpoint_url = f"http://127.0.0.1:{rgw_port}"
         self._wait_http(self.endpoint_url + "/", rgw, timeout_s)
