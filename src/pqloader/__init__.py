@@ -4,6 +4,7 @@ Shuffled across files, exactly once per epoch over ranks and workers, in bounded
 """
 
 from ._audit import EpochReport, audit
+from ._cache import Cache
 from ._dataset import ParquetDataset
 from ._errors import (
     ColumnNotFoundError,
@@ -14,9 +15,11 @@ from ._errors import (
     InvalidArgumentError,
     LoaderTimeoutError,
     PQLoaderError,
+    RemoteIOError,
     SchemaMismatchError,
     StateMismatchError,
 )
+from ._fs import RetryPolicy
 from ._loader import DataLoader
 from ._torch import TorchIterable
 from ._write import write_dataset
@@ -24,6 +27,7 @@ from ._write import write_dataset
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cache",
     "ColumnNotFoundError",
     "CorruptFileError",
     "DataError",
@@ -35,6 +39,8 @@ __all__ = [
     "LoaderTimeoutError",
     "PQLoaderError",
     "ParquetDataset",
+    "RemoteIOError",
+    "RetryPolicy",
     "SchemaMismatchError",
     "StateMismatchError",
     "TorchIterable",

@@ -279,6 +279,34 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return 0 if all(r.exactly_once for r in reports) else 1
 
 
+def _cmd_cache(args: argparse.Namespace) -> int:
+    cache = pqloader.Cache(args.dir)
+    if args.action == "clear":
+        print(f"freed {human_bytes(cache.clear())} in {args.dir}")
+        return 0
+    if args.action == "du":
+        entries = cache.entries()
+        used = sum(e.size_bytes for e in entries)
+        if args.json:
+            print(json.dumps({"dir": str(args.dir), "entries": len(entries), "bytes": used}))
+        else:
+            print(f"{human_bytes(used)} in {len(entries):,} entries ({args.dir})")
+        return 0
+    entries = cache.entries()
+    if args.json:
+        print(json.dumps([{"url": e.url, "version": e.version, "offset": e.offset,
+                           "length": e.length, "bytes": e.size_bytes, "last_used": e.last_used}
+                          for e in entries]))
+        return 0
+    by_url: dict[str, list[Any]] = {}
+    for e in entries:
+        by_url.setdefault(e.url, []).append(e)
+    print(f"{'bytes':>10}  {'ranges':>6}  url")
+    for url, group in sorted(by_url.items()):
+        print(f"{human_bytes(sum(e.size_bytes for e in group)):>10}  {len(group):>6}  {url}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     if not text.strip().replace("_", "").isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
@@ -341,6 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("dir", help="the audit_dir a DataLoader wrote its records into")
     au.add_argument("--json", action="store_true", help="print one JSON list, an epoch each")
     au.set_defaults(run=_cmd_audit, parser=au)
+
+    ca = commands.add_parser("cache", help="list, size or clear a local cache of remote data")
+    ca.add_argument("action", choices=("ls", "du", "clear"),
+                    help="ls: cached bytes per remote file; du: total; clear: delete all")
+    ca.add_argument("dir", help="the cache directory (pqloader.Cache(dir))")
+    ca.add_argument("--json", action="store_true", help="print JSON")
+    ca.set_defaults(run=_cmd_cache, parser=ca)
     return parser
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -10,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from ._cache import Cache
 from ._discover import Discovery, discover, read_footers
 from ._errors import InvalidArgumentError
+from ._fs import RetryPolicy, make_store
 from ._read import FragmentReader
 
 if TYPE_CHECKING:
@@ -27,8 +30,16 @@ class ParquetDataset:
 
     Args:
         source: a directory (searched recursively; ``_*``, ``.*`` and ``*.crc`` are skipped,
-            hive ``key=value`` folders become columns), a glob, a file, or a list of these.
+            hive ``key=value`` folders become columns), a glob, a file, or a list of these;
+            local paths or URLs of any fsspec filesystem (``s3://bucket/prefix/``, ``gs://``,
+            ``az://``, ``https://``, ``memory://``).
         columns: the columns to read, in this order; all by default.
+        storage_options: options of the URL's fsspec filesystem (credentials, endpoint...).
+        filesystem: a ready fsspec or ``pyarrow.fs`` filesystem to read ``source`` paths with.
+        cache: a :class:`pqloader.Cache` (or a directory for one) keeping fetched remote bytes
+            on local disk, shared by workers and jobs; ignored for local files.
+        retry: the :class:`pqloader.RetryPolicy` of remote requests (attempts, backoff,
+            per-request timeout, concurrency).
         verify_checksums: check each page's CRC (files written by :func:`write_dataset`, or
             by Spark, carry them), so a corrupt page raises :class:`CorruptFileError` instead
             of decoding to wrong values. Off by default: it costs ~35-50% of decode time
@@ -41,11 +52,17 @@ class ParquetDataset:
     """
 
     def __init__(self, source: Any, *, columns: Sequence[str] | None = None,
-                 verify_checksums: bool = False) -> None:
+                 verify_checksums: bool = False, storage_options: dict[str, Any] | None = None,
+                 filesystem: Any = None, cache: Cache | str | os.PathLike[str] | None = None,
+                 retry: RetryPolicy | None = None) -> None:
         if isinstance(columns, str):
             raise InvalidArgumentError(f"columns must be a list of names, got {columns!r}")
-        self.__setstate__({"discovery": discover(source, columns),
-                           "verify_checksums": bool(verify_checksums)})
+        store = make_store(source, storage_options, filesystem, retry)
+        if cache is not None and not isinstance(cache, Cache):
+            cache = Cache(cache)
+        discovery = discover(source, columns, store=store,
+                             cache=cache if store is not None else None)
+        self.__setstate__({"discovery": discovery, "verify_checksums": bool(verify_checksums)})
 
     def __getstate__(self) -> dict[str, Any]:
         return {"discovery": self._discovery, "verify_checksums": self._reader.verify_checksums}
@@ -76,7 +93,15 @@ class ParquetDataset:
     def metadata(self) -> list[pq.FileMetaData]:
         """The Parquet footer of each file, in :attr:`files` order (read now if the dataset
         was opened from its manifest)."""
-        return read_footers(self._discovery.files)
+        d = self._discovery
+        return read_footers(d.files, d.store, d.cache)
+
+    def io_stats(self) -> dict[str, int]:
+        """Counts of this process's remote IO: requests, bytes, retries, throttled, timeouts,
+        cache hits/misses/corrupt entries, and the adaptive concurrency limit. Worker threads
+        count here; worker processes keep their own counts. Empty for local datasets."""
+        store = self._discovery.store
+        return {} if store is None else store.stats.as_dict()
 
     @property
     def num_row_groups(self) -> int:

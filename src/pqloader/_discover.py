@@ -8,13 +8,14 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._cache import Cache, cached_ranges
 from ._errors import (
     ColumnNotFoundError,
     CorruptFileError,
@@ -22,11 +23,14 @@ from ._errors import (
     EmptyDatasetError,
     SchemaMismatchError,
 )
-from ._manifest import read_manifest
+from ._fs import ObjectInfo, Store
+from ._manifest import NAME as MANIFEST_NAME
+from ._manifest import match_manifest, read_manifest
 
 _GLOB_CHARS = set("*?[")
 _INT_TEXT = re.compile(r"-?[0-9]+")  # ASCII only: str.isdigit() also accepts '²'
 _MAX_FOOTER_THREADS = 32
+_TAIL_BYTES = 64 << 10  # a remote footer is fetched with this much of the file's end
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class FileEntry:
     metadata: pq.FileMetaData | None  # None when opened from a manifest: read when needed
     size_bytes: int
     partition: tuple[tuple[str, str | None], ...] = ()
+    version: str | None = None  # a remote object's ETag or mtime: the cache's key
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class Discovery:
     row_group: np.ndarray  # int32
     num_rows: np.ndarray  # int64
     byte_size: np.ndarray  # int64, uncompressed bytes of the whole row group
+    store: Store | None = None  # where remote files are read from; None for local files
+    cache: Cache | None = None  # the local cache of remote bytes
 
 
 def _is_hidden(name: str) -> bool:
@@ -74,10 +81,6 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
     """
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
-        if "://" in text and not text.startswith("file://"):
-            raise DatasetNotFoundError(
-                f"{text}: remote URLs are not supported yet; copy the data to a local folder"
-            )
         text = text.removeprefix("file://")
         if _GLOB_CHARS & set(text):
             files = [Path(p) for p in sorted(glob.glob(text, recursive=True))]
@@ -109,7 +112,7 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
     )
 
 
-def _hive_partition(path: Path, root: Path | None) -> tuple[tuple[str, str | None], ...]:
+def _hive_partition(path: PurePath, root: PurePath | None) -> tuple[tuple[str, str | None], ...]:
     if root is None:
         return ()
     parts = []
@@ -126,13 +129,48 @@ def _row_groups(md: pq.FileMetaData) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(g.num_rows for g in groups), tuple(g.total_byte_size for g in groups)
 
 
-def read_footers(entries: Sequence[FileEntry]) -> list[pq.FileMetaData]:
+def read_footers(entries: Sequence[FileEntry], store: Store | None = None,
+                 cache: Cache | None = None) -> list[pq.FileMetaData]:
     """Every file's footer: the known ones, the others read in parallel."""
-    missing = [Path(e.path) for e in entries if e.metadata is None]
+    missing = [e for e in entries if e.metadata is None]
+
+    def read(e: FileEntry) -> pq.FileMetaData:
+        if store is None:
+            return _read_footer(Path(e.path))[0]
+        return remote_footer(store, cache, ObjectInfo(store.native(e.path), e.size_bytes,
+                                                      e.version))
+
     workers = max(1, min(_MAX_FOOTER_THREADS, len(missing)))
     with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
-        read = iter([md for md, _ in pool.map(_read_footer, missing)])
-    return [e.metadata if e.metadata is not None else next(read) for e in entries]
+        found = iter(list(pool.map(read, missing)))
+    return [e.metadata if e.metadata is not None else next(found) for e in entries]
+
+
+def remote_footer(store: Store, cache: Cache | None, obj: ObjectInfo) -> pq.FileMetaData:
+    """A remote file's footer: one request for the file's last 64 KiB (two if the footer is
+    larger), through the cache."""
+    url = store.url(obj.path)
+    if obj.size < 12:
+        raise CorruptFileError(f"{url}: {obj.size} bytes is too short for a Parquet file; "
+                               "remove it or pass a glob that matches only Parquet files")
+    n = min(obj.size, _TAIL_BYTES)
+    tail = bytes(cached_ranges(store, cache, obj.path, obj.version,
+                               [(obj.size - n, n)])[(obj.size - n, n)])
+    if tail[-4:] != b"PAR1":
+        raise CorruptFileError(f"{url}: not a Parquet file (no PAR1 at its end); remove it "
+                               "or pass a glob that matches only Parquet files")
+    length = int.from_bytes(tail[-8:-4], "little") + 8
+    if length > obj.size - 4:
+        raise CorruptFileError(f"{url}: its footer claims {length} bytes of a {obj.size}-byte "
+                               "file; the file is truncated: rewrite it or remove it")
+    if length > n:
+        r = (obj.size - length, length)
+        tail = bytes(cached_ranges(store, cache, obj.path, obj.version, [r])[r])
+    try:
+        return pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-length:]))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorruptFileError(f"{url}: not a readable Parquet footer ({exc}); rewrite the "
+                               "file or remove it") from exc
 
 
 def _read_footer(path: Path) -> tuple[pq.FileMetaData, int]:
@@ -214,11 +252,27 @@ def _unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | No
     return pa.schema(fields)
 
 
-def discover(source: object, columns: Sequence[str] | None = None) -> Discovery:
-    """Open a source: list its files, read their footers in parallel, build the index."""
+Groups = list[tuple[tuple[int, ...], tuple[int, ...]]]  # per file: rows, bytes per row group
+
+
+def discover(source: object, columns: Sequence[str] | None = None, *,
+             store: Store | None = None, cache: Cache | None = None) -> Discovery:
+    """Open a source: list its files, read their footers in parallel, build the index.
+
+    ``store`` is given for remote sources (URLs, or a user's filesystem); its footers and
+    data go through ``cache`` when one is given.
+    """
+    if store is None:
+        entries, schemas, groups = _open_local(source)
+    else:
+        entries, schemas, groups = _open_remote(source, store, cache)
+    return _index(entries, schemas, groups, columns, store, cache)
+
+
+def _open_local(source: object) -> tuple[list[FileEntry], list[tuple[str, pa.Schema]], Groups]:
     paths, root = expand_source(source)
     manifest = read_manifest(root, paths) if root is not None else None
-    groups: list[tuple[tuple[int, ...], tuple[int, ...]]]  # per file: rows, bytes per group
+    groups: Groups
     if manifest is not None:
         entries = [FileEntry(str(f.path), None, f.size_bytes, _hive_partition(f.path, root))
                    for f in manifest.files]
@@ -235,6 +289,77 @@ def discover(source: object, columns: Sequence[str] | None = None) -> Discovery:
         schemas = [(e.path, md.schema.to_arrow_schema()) for e, (md, _) in zip(
             entries, footers, strict=True)]
         groups = [_row_groups(md) for md, _ in footers]
+    return entries, schemas, groups
+
+
+def _list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | None,
+                                                        ObjectInfo | None]:
+    """The data objects of a remote source, its root folder (for hive partitions and the
+    manifest; ``None`` unless the source is one folder) and its manifest object, if any."""
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise EmptyDatasetError("the list of files is empty; pass at least one URL")
+        return [o for item in source for o in _list_remote(item, store)[0]], None, None
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a URL or a list of URLs, got {type(source).__name__}")
+    native = store.native(source)
+    globbing = set("*[") if native.startswith(("http://", "https://")) else _GLOB_CHARS
+    if globbing & set(native):
+        found = [o for o in store.glob(native) if not _is_hidden(o.path.rsplit("/", 1)[-1])]
+        if not found:
+            raise EmptyDatasetError(f"{source}: the glob matches no file")
+        return found, None, None
+    if not store.isdir(native):
+        return [store.info(native)], None, None
+    root = native.rstrip("/")
+    data, manifest = [], None
+    for obj in store.find(root):
+        rel = obj.path[len(root) + 1:] if obj.path.startswith(root + "/") else obj.path
+        if rel == MANIFEST_NAME:
+            manifest = obj
+        elif not any(_is_hidden(part) for part in rel.split("/")):
+            data.append(obj)
+    if not data:
+        raise EmptyDatasetError(
+            f"{source}: the folder holds no data file (names starting with '_' or '.' and "
+            "'.crc' files are skipped)")
+    return data, root, manifest
+
+
+def _open_remote(source: object, store: Store, cache: Cache | None
+                 ) -> tuple[list[FileEntry], list[tuple[str, pa.Schema]], Groups]:
+    objects, root, manifest_obj = _list_remote(source, store)
+    if any(o.size <= 0 for o in objects):  # listings without sizes (HTTP): ask each object
+        with ThreadPoolExecutor(min(_MAX_FOOTER_THREADS, len(objects))) as pool:
+            objects = list(pool.map(lambda o: o if o.size > 0 else store.info(o.path), objects))
+    parts = [_hive_partition(PurePosixPath(o.path), None if root is None else
+                             PurePosixPath(root)) for o in objects]
+    if manifest_obj is not None and root is not None:
+        url = store.url(manifest_obj.path)
+        text = bytes(store.read(manifest_obj.path, 0, manifest_obj.size)).decode("utf-8",
+                                                                                  "replace")
+        by_name = {o.path[len(root) + 1:]: o for o in objects}
+        manifest = match_manifest(text, url, {n: o.size for n, o in by_name.items()},
+                                  lambda name: name)
+        if manifest is not None:
+            entries = [FileEntry(store.url(o.path), None, o.size, part, o.version)
+                       for o, part in zip(objects, parts, strict=True)]
+            groups = [(f.row_group_rows, f.row_group_bytes) for f in manifest.files]
+            return entries, [(entries[0].path, manifest.schema)], groups
+    workers = max(1, min(_MAX_FOOTER_THREADS, len(objects)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
+        footers = list(pool.map(lambda o: remote_footer(store, cache, o), objects))
+    entries = [FileEntry(store.url(o.path), md, o.size, part, o.version)
+               for o, md, part in zip(objects, footers, parts, strict=True)]
+    schemas = [(e.path, md.schema.to_arrow_schema()) for e, md in zip(entries, footers,
+                                                                       strict=True)]
+    return entries, schemas, [_row_groups(md) for md in footers]
+
+
+def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], groups: Groups,
+           columns: Sequence[str] | None, store: Store | None, cache: Cache | None
+           ) -> Discovery:
+    """The fragment index and the unified, projected schema of opened files."""
     part_schema = _partition_schema(entries)
     if columns is not None:
         columns = list(columns)
@@ -271,4 +396,6 @@ def discover(source: object, columns: Sequence[str] | None = None) -> Discovery:
         row_group=np.asarray(row_group, dtype=np.int32),
         num_rows=np.asarray(num_rows, dtype=np.int64),
         byte_size=np.asarray(byte_size, dtype=np.int64),
+        store=store,
+        cache=cache,
     )

@@ -11,7 +11,8 @@
     ├── InvalidArgumentError   (ValueError)         an argument out of range
     ├── DataError              (ValueError)         values no batch can hold (int nulls)
     ├── StateMismatchError     (ValueError)         a saved state of another dataset or settings
-    └── LoaderTimeoutError     (TimeoutError)       no batch within ``timeout`` seconds
+    ├── LoaderTimeoutError     (TimeoutError)       no batch within ``timeout`` seconds
+    └── RemoteIOError          (OSError)            a remote read that failed for good
 
 Each message names the file, row group, column or argument at fault and says what to do.
 """
@@ -60,6 +61,10 @@ class StateMismatchError(PQLoaderError, ValueError):
 
 class LoaderTimeoutError(PQLoaderError, TimeoutError):
     """No batch arrived within the loader's ``timeout`` seconds."""
+
+
+class RemoteIOError(PQLoaderError, OSError):
+    """A remote request that failed for good: denied, or still failing after every retry."""
 
 
 def check_positive(name: str, value: int, *, allow_zero: bool = False) -> int:

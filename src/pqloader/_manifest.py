@@ -28,7 +28,7 @@ VERSION = 1
 
 @dataclass(frozen=True)
 class ManifestFile:
-    path: Path
+    path: Any  # a Path, or a URL for a remote dataset
     size_bytes: int
     row_group_rows: tuple[int, ...]
     row_group_bytes: tuple[int, ...]
@@ -66,26 +66,40 @@ def read_manifest(root: Path, paths: list[Path]) -> Manifest | None:
     if not file.is_file():
         return None
     try:
-        body: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
-        if body.get("format") != FORMAT or body.get("version") != VERSION:
-            raise ValueError(f"format {body.get('format')!r} version {body.get('version')!r}")
-        listed = {str(root / f["name"]): f for f in body["files"]}
-        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema"])))
-    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
         warnings.warn(f"{file}: unreadable manifest ({exc}); reading the footers instead",
                       stacklevel=3)
         return None
-    found = {str(p) for p in paths}
-    stale = sorted(found ^ set(listed)) or [
-        p for p in sorted(found) if Path(p).stat().st_size != listed[p]["size"]]
+    found = {os.path.relpath(p, root): p.stat().st_size for p in paths}
+    return match_manifest(text, str(file), found, lambda name: Path(root / name))
+
+
+def match_manifest(text: str, where: str, found: dict[str, int],
+                   locate: Any) -> Manifest | None:
+    """The manifest in ``text`` if it lists exactly ``found`` ({relative name: size}), in the
+    order of ``found``; ``locate(name)`` makes each file's path. Else ``None``, with a warning
+    that names ``where``."""
+    try:
+        body: dict[str, Any] = json.loads(text)
+        if body.get("format") != FORMAT or body.get("version") != VERSION:
+            raise ValueError(f"format {body.get('format')!r} version {body.get('version')!r}")
+        listed = {f["name"]: f for f in body["files"]}
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema"])))
+    except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        warnings.warn(f"{where}: unreadable manifest ({exc}); reading the footers instead",
+                      stacklevel=4)
+        return None
+    stale = sorted(set(found) ^ set(listed)) or [
+        name for name in sorted(found) if found[name] != listed[name]["size"]]
     if stale:
-        warnings.warn(f"{file} does not match the files ({stale[0]} differs); reading the "
+        warnings.warn(f"{where} does not match the files ({stale[0]} differs); reading the "
                       "footers instead. Rewrite the dataset, or delete the manifest",
-                      stacklevel=3)
+                      stacklevel=4)
         return None
     return Manifest(
-        files=tuple(ManifestFile(Path(p), int(listed[str(p)]["size"]),
-                                 tuple(listed[str(p)]["rows"]), tuple(listed[str(p)]["bytes"]))
-                    for p in paths),
+        files=tuple(ManifestFile(locate(name), int(listed[name]["size"]),
+                                 tuple(listed[name]["rows"]), tuple(listed[name]["bytes"]))
+                    for name in found),
         schema=schema,
     )

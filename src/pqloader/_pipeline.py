@@ -56,10 +56,9 @@ class Stages:
     def load(self, segment: Segment) -> _Loaded:
         """Read a segment's window, permute it, keep the segment's rows."""
         window = segment.window
-        tables = []
-        for s in window.slices:
-            table = self.reader.read(s.fragment)
-            tables.append(table.slice(s.start, s.num_rows))
+        tables = [t.slice(s.start, s.num_rows) for s, t in zip(
+            window.slices, self.reader.read_many([s.fragment for s in window.slices]),
+            strict=True)]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         num_rows = table.num_rows
         arrow = {name: table.column(name) for name in table.column_names}

@@ -1,12 +1,26 @@
-"""Read one fragment (a file's row group) into Arrow, projected and typed as the dataset says."""
+"""Read one fragment (a file's row group) into Arrow, projected and typed as the dataset says.
+
+Local files are read by pyarrow directly. Remote files are read by fetching just the byte
+ranges of the projected column chunks (coalesced, in parallel, retried, through the cache) and
+decoding them with the footer already known, so no request is spent on the footer again.
+"""
 
 from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._discover import Discovery
-from ._errors import CorruptFileError
+from ._cache import Buffer, cached_ranges
+from ._discover import Discovery, FileEntry, remote_footer
+from ._errors import CorruptFileError, PQLoaderError
+from ._fs import ObjectInfo, Range
+
+_MAX_PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
 
 
 class FragmentReader:
@@ -26,6 +40,7 @@ class FragmentReader:
         self._footers: dict[int, pq.FileMetaData] = {}
         parts = set(discovery.partition_schema.names)
         self._file_columns = [n for n in discovery.schema.names if n not in parts]
+        self._leaves: dict[int, list[int]] = {}  # per file: Parquet leaf columns to read
 
     def __getstate__(self) -> dict[str, object]:
         return {"d": self._d, "verify": self.verify_checksums}
@@ -33,19 +48,35 @@ class FragmentReader:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["d"], verify_checksums=state["verify"])  # type: ignore[misc]
 
-    def _footer(self, file_index: int) -> pq.FileMetaData | None:
+    def _footer(self, file_index: int) -> pq.FileMetaData:
         entry = self._d.files[file_index]
         if entry.metadata is not None:
             return entry.metadata
         footer = self._footers.get(file_index)
         if footer is None:
-            footer = pq.read_metadata(entry.path)
+            store = self._d.store
+            if store is None:
+                footer = pq.read_metadata(entry.path)
+            else:
+                footer = remote_footer(store, self._d.cache, self._object(entry))
             self._footers[file_index] = footer
         return footer
+
+    def _object(self, entry: FileEntry) -> ObjectInfo:
+        assert self._d.store is not None
+        return ObjectInfo(self._d.store.native(entry.path), entry.size_bytes, entry.version)
 
     @property
     def discovery(self) -> Discovery:
         return self._d
+
+    def read_many(self, fragments: Sequence[int]) -> list[pa.Table]:
+        """Several fragments, in order; remote ones are fetched in parallel."""
+        if self._d.store is None or len(fragments) < 2:
+            return [self.read(f) for f in fragments]
+        workers = min(_MAX_PARALLEL_FRAGMENTS, len(fragments))
+        with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-fetch") as pool:
+            return list(pool.map(self.read, fragments))
 
     def read(self, fragment: int) -> pa.Table:
         """The fragment's rows, with the dataset's columns in its schema's order and types."""
@@ -53,11 +84,15 @@ class FragmentReader:
         file_index = int(d.file_index[fragment])
         row_group = int(d.row_group[fragment])
         entry = d.files[file_index]
+        footer = self._footer(file_index)
+        source: Any = entry.path if d.store is None else self._fetch(file_index, row_group)
         try:
-            with pq.ParquetFile(entry.path, metadata=self._footer(file_index),
+            with pq.ParquetFile(source, metadata=footer,
                                 page_checksum_verification=self.verify_checksums) as handle:
                 table = handle.read_row_group(row_group, columns=self._file_columns,
                                               use_threads=True)
+        except PQLoaderError:
+            raise
         except (pa.ArrowException, OSError) as exc:
             raise CorruptFileError(
                 f"{entry.path}: row group {row_group} does not decode ({exc}); the file is "
@@ -76,3 +111,92 @@ class FragmentReader:
         if not table.schema.equals(d.schema):
             table = table.cast(d.schema)
         return table
+
+    # -- remote ------------------------------------------------------------------------------
+    def _fetch(self, file_index: int, row_group: int) -> pa.PythonFile:
+        """A file object holding the row group's projected column chunks, fetched at once."""
+        d = self._d
+        assert d.store is not None
+        obj = self._object(d.files[file_index])
+        footer = self._footer(file_index)
+        rg = footer.row_group(row_group)
+        ranges = [_chunk_range(rg.column(i), obj.size) for i in self._leaf_columns(file_index)]
+        chunks = cached_ranges(d.store, d.cache, obj.path, obj.version, ranges)
+        store, cache = d.store, d.cache
+
+        def fetch(offset: int, length: int) -> Buffer:  # a read outside the known chunks
+            r = (offset, length)
+            return cached_ranges(store, cache, obj.path, obj.version, [r])[r]
+
+        return pa.PythonFile(_RangeFile(obj.size, chunks, fetch), mode="r")
+
+    def _leaf_columns(self, file_index: int) -> list[int]:
+        """The Parquet leaf columns that hold the projected columns, for one file."""
+        leaves = self._leaves.get(file_index)
+        if leaves is None:
+            arrow = self._footer(file_index).schema.to_arrow_schema()
+            wanted = set(self._file_columns)
+            leaves, first = [], 0
+            for f in arrow:
+                n = _leaf_count(f.type)
+                if f.name in wanted:
+                    leaves.extend(range(first, first + n))
+                first += n
+            self._leaves[file_index] = leaves
+        return leaves
+
+
+def _leaf_count(t: pa.DataType) -> int:
+    if t.num_fields == 0 or pa.types.is_dictionary(t):
+        return 1
+    return sum(_leaf_count(t.field(i).type) for i in range(t.num_fields))
+
+
+def _chunk_range(col: Any, file_size: int) -> Range:
+    """A column chunk's bytes: from its dictionary page (if any) over its compressed size."""
+    start = col.data_page_offset
+    if col.has_dictionary_page and 0 < col.dictionary_page_offset < start:
+        start = col.dictionary_page_offset
+    return start, max(0, min(col.total_compressed_size, file_size - start))
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only some ranges are known; a read
+    elsewhere is fetched (rarely: padding that some writers' readers expect)."""
+
+    def __init__(self, size: int, chunks: dict[Range, Buffer], fetch: Any) -> None:
+        super().__init__()
+        self._size = size
+        self._chunks = sorted(chunks.items())
+        self._fetch = fetch
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = base + pos
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def size(self) -> int:
+        return self._size
+
+    def read(self, n: int | None = -1) -> Buffer:
+        pos = self._pos
+        n = self._size - pos if n is None or n < 0 else min(n, self._size - pos)
+        self._pos = pos + n
+        for (off, length), data in self._chunks:
+            if off <= pos and pos + n <= off + length:
+                return memoryview(data)[pos - off:pos - off + n]
+        fetched: Buffer = self._fetch(pos, n)
+        return fetched
+
+    def readall(self) -> Buffer:  # type: ignore[override]
+        return self.read(-1)

@@ -258,9 +258,12 @@ def test_single_file_and_file_url(dataset_path: Path) -> None:
     assert len(pqloader.ParquetDataset(f"file://{path}")) == 300
 
 
-def test_remote_url_is_refused_clearly(tmp_path: Path) -> None:
-    with pytest.raises(pqloader.DatasetNotFoundError, match="s3://bucket/data"):
-        pqloader.ParquetDataset("s3://bucket/data")
+def test_remote_url_without_credentials_fails_at_once_naming_it(tmp_path: Path) -> None:
+    pytest.importorskip("s3fs")
+    options = {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}  # nothing listens
+    with pytest.raises(pqloader.PQLoaderError, match="s3://bucket/data"):
+        pqloader.ParquetDataset("s3://bucket/data", storage_options=options,
+                                retry=pqloader.RetryPolicy(attempts=2, base_delay_s=0.01))
 
 
 def test_list_element_vs_item(tmp_path: Path) -> None:

@@ -1,0 +1,273 @@
+"""A local cache of remote bytes, shared by every worker and process of a node.
+
+An entry is one byte range of one version of one remote object (a footer, a column chunk).
+Its file name is a hash of (URL, version, offset, length), so a path can never leave the cache
+directory, and a changed object (new ETag or size) is a different entry: never served stale.
+Entries are written to a temporary file and renamed into place (atomic: readers see a whole
+entry or none), carry a checksum that is checked on every read (a corrupt entry is deleted and
+fetched again), and are evicted oldest-used first when the cache outgrows ``max_bytes``, by one
+process at a time under a file lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from ._errors import InvalidArgumentError
+from ._fs import Range, Store
+
+Buffer = bytes | memoryview
+
+_MAGIC = b"PQC1"
+_LAYOUT = "v1"  # a new entry format gets a new folder; old ones are left alone
+_TRAILER = struct.Struct("<Q")  # xxh3-64 of the payload
+_EVICT_TO = 0.9  # eviction frees down to this share of max_bytes
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cached range, as ``pqloader cache ls`` shows it."""
+
+    url: str
+    version: str | None
+    offset: int
+    length: int
+    size_bytes: int  # on disk
+    last_used: float  # seconds since the epoch
+    path: Path
+
+
+class Cache:
+    """A directory of cached remote byte ranges, safe to share between processes and jobs.
+
+    Args:
+        directory: where entries live (created if missing). Several jobs may share it.
+        max_bytes: evict least recently used entries beyond this size; ``None`` keeps all.
+
+    Pass it as ``ParquetDataset(url, cache=pqloader.Cache("/local/ssd/pqcache", 50e9))``.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int | float | None = None
+                 ) -> None:
+        if max_bytes is not None and max_bytes <= 0:
+            raise InvalidArgumentError(f"Cache max_bytes must be > 0 or None, got {max_bytes!r}")
+        self.directory = Path(directory)
+        self.max_bytes = None if max_bytes is None else int(max_bytes)
+        self._root = self.directory / _LAYOUT
+        self._used: int | None = None  # bytes on disk, as last counted plus our own puts
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Cache({str(self.directory)!r}, max_bytes={self.max_bytes})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"directory": self.directory, "max_bytes": self.max_bytes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["directory"], state["max_bytes"])  # type: ignore[misc]
+
+    # -- entries ---------------------------------------------------------------------------
+    def _path(self, url: str, version: str | None, offset: int, length: int) -> Path:
+        key = json.dumps([url, version, offset, length]).encode()
+        digest = hashlib.sha256(key).hexdigest()
+        return self._root / digest[:2] / f"{digest}.pqc"
+
+    def get(self, url: str, version: str | None, offset: int, length: int) -> Buffer | None:
+        """The cached bytes, or ``None`` when absent. Raises :class:`CorruptCacheEntry` (after
+        deleting it) when the entry fails its checks."""
+        path = self._path(url, version, offset, length)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        payload = _decode(raw, url, version, offset, length)
+        if payload is None:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            raise CorruptCacheEntry(f"{path}: cache entry for {url} [{offset}, +{length}) is "
+                                    "damaged; deleted, fetching it again")
+        with contextlib.suppress(OSError):
+            os.utime(path)  # last used: eviction goes by modification time
+        return payload
+
+    def put(self, url: str, version: str | None, offset: int, length: int, data: Buffer
+            ) -> None:
+        """Store ``data``; atomic, so concurrent readers and writers see a whole entry or none."""
+        path = self._path(url, version, offset, length)
+        header = json.dumps({"url": url, "version": version, "offset": offset,
+                             "length": length}).encode()
+        blob = b"".join([_MAGIC, struct.pack("<I", len(header)), header, data,
+                         _TRAILER.pack(xxhash.xxh3_64_intdigest(data))])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        if self.max_bytes is not None:
+            with self._lock:
+                if self._used is None:
+                    self._used = self.usage()
+                self._used += len(blob)
+                over = self._used > self.max_bytes
+            if over:
+                self.evict()
+
+    # -- maintenance -----------------------------------------------------------------------
+    def _files(self) -> Iterator[os.DirEntry[str]]:
+        if not self._root.is_dir():
+            return
+        for sub in os.scandir(self._root):
+            if sub.is_dir(follow_symlinks=False):
+                for entry in os.scandir(sub.path):
+                    if entry.name.endswith(".pqc") and entry.is_file(follow_symlinks=False):
+                        yield entry
+
+    def usage(self) -> int:
+        """Bytes the cache's entries take on disk."""
+        total = 0
+        for entry in self._files():
+            with contextlib.suppress(FileNotFoundError):
+                total += entry.stat().st_size
+        return total
+
+    def entries(self) -> list[CacheEntry]:
+        """Every entry, least recently used first."""
+        out = []
+        for entry in self._files():
+            try:
+                st = entry.stat()
+                with open(entry.path, "rb") as f:
+                    head = f.read(8)
+                    (n,) = struct.unpack("<I", head[4:8])
+                    header = json.loads(f.read(n))
+            except (OSError, ValueError, struct.error):
+                continue
+            out.append(CacheEntry(header["url"], header["version"], header["offset"],
+                                  header["length"], st.st_size, st.st_mtime, Path(entry.path)))
+        return sorted(out, key=lambda e: e.last_used)
+
+    def evict(self, target: int | None = None) -> int:
+        """Delete least recently used entries until the cache holds at most ``target`` bytes
+        (default: 90% of ``max_bytes``). One process evicts at a time; returns bytes freed."""
+        if target is None:
+            if self.max_bytes is None:
+                return 0
+            target = int(self.max_bytes * _EVICT_TO)
+        self._root.mkdir(parents=True, exist_ok=True)
+        freed = 0
+        with open(self._root / ".lock", "a+b") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return 0  # another process is evicting right now
+            try:
+                files = []
+                for entry in self._files():
+                    with contextlib.suppress(FileNotFoundError):
+                        st = entry.stat()
+                        files.append((st.st_mtime, st.st_size, entry.path))
+                files.sort()
+                used = sum(size for _, size, _ in files)
+                for _, size, path in files:
+                    if used <= target:
+                        break
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                        used -= size
+                        freed += size
+                self._sweep_temporaries()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        with self._lock:
+            self._used = used
+        return freed
+
+    def _sweep_temporaries(self, older_than_s: float = 3600) -> None:
+        """Temporary files left by writers that died mid-write."""
+        cutoff = time.time() - older_than_s
+        for sub in os.scandir(self._root):
+            if not sub.is_dir(follow_symlinks=False):
+                continue
+            for entry in os.scandir(sub.path):
+                if entry.name.startswith(".tmp-"):
+                    with contextlib.suppress(OSError):
+                        if entry.stat().st_mtime < cutoff:
+                            os.unlink(entry.path)
+
+    def clear(self) -> int:
+        """Delete every entry; returns bytes freed."""
+        return self.evict(target=0)
+
+
+class CorruptCacheEntry(Exception):
+    """Internal: a cache entry that failed its checks (the reader fetches it again)."""
+
+
+def _decode(raw: bytes, url: str, version: str | None, offset: int, length: int
+            ) -> memoryview | None:
+    """The payload of an entry, or ``None`` if it is not the entry it should be."""
+    if len(raw) < 8 + _TRAILER.size or raw[:4] != _MAGIC:
+        return None
+    (n,) = struct.unpack("<I", raw[4:8])
+    start = 8 + n
+    if len(raw) != start + length + _TRAILER.size:
+        return None
+    try:
+        header = json.loads(raw[8:start])
+    except ValueError:
+        return None
+    if header != {"url": url, "version": version, "offset": offset, "length": length}:
+        return None
+    payload = memoryview(raw)[start:start + length]  # no copy: the entry stays alive with it
+    (digest,) = _TRAILER.unpack(raw[start + length:])
+    if xxhash.xxh3_64_intdigest(payload) != digest:
+        return None
+    return payload
+
+
+def cached_ranges(store: Store, cache: Cache | None, path: str, version: str | None,
+                  ranges: Sequence[Range]) -> dict[Range, Buffer]:
+    """The bytes of ``ranges`` of ``path``: from the cache when there, else fetched (and
+    cached). A damaged entry is counted, deleted and fetched again."""
+    if cache is None:
+        return dict(store.read_ranges(path, ranges))
+    url = store.url(path)
+    found: dict[Range, Buffer] = {}
+    missing = []
+    for r in ranges:
+        try:
+            data = cache.get(url, version, *r)
+        except CorruptCacheEntry:
+            store.stats.add(cache_corrupt=1)
+            data = None
+        if data is None:
+            missing.append(r)
+        else:
+            found[r] = data
+    store.stats.add(cache_hits=len(found), cache_misses=len(missing))
+    if missing:
+        fetched = store.read_ranges(path, missing)
+        for r, data in fetched.items():
+            cache.put(url, version, *r, data)
+        found.update(fetched)
+    return found

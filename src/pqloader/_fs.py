@@ -1,0 +1,511 @@
+"""Filesystems for remote data: made in the process that uses them, with retries pqloader owns.
+
+A :class:`Store` is a picklable description of where a dataset lives (an fsspec protocol and its
+``storage_options``, or a filesystem the user built). The live filesystem is created on first use
+in each process, never inherited across ``fork``: fsspec's async filesystems (s3fs, gcsfs) hang
+in a forked child that reuses its parent's event loop.
+
+Every request goes through :meth:`Store.read_ranges`: byte ranges are coalesced, split into
+parts that fetch in parallel, retried with exponential backoff and full jitter when the error is
+transient (503 SlowDown, 429, 500, resets, timeouts), and bounded by an adaptive concurrency
+limit that halves under throttling and creeps back up on success. Each request, retry and
+throttle is counted in :class:`IOStats`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
+
+Range = tuple[int, int]  # (offset, length)
+
+# Extras that provide each protocol, for the install hint when one is missing.
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
+           "abfss": "azure", "adl": "azure", "http": "http", "https": "http"}
+_THROTTLED = re.compile(r"\b(503|429)\b|SlowDown|Throttl|TooManyRequests|Too Many Requests|"
+                        r"RequestLimitExceeded|Reduce your request rate", re.IGNORECASE)
+_TRANSIENT = re.compile(r"\b(500|502|504)\b|InternalError|ServiceUnavailable|Connection "
+                        r"(reset|aborted|refused|closed)|Server disconnected|timed? ?out|"
+                        r"RemoteDisconnected|IncompleteRead|ClientPayloadError|"
+                        r"ServerDisconnectedError|Broken pipe", re.IGNORECASE)
+
+
+def split_url(source: str) -> tuple[str, str]:
+    """``("s3", "bucket/prefix")`` for ``"s3://bucket/prefix"``; ``("file", path)`` otherwise."""
+    protocol, sep, rest = source.partition("://")
+    if not sep:
+        return "file", source
+    return protocol.lower(), rest
+
+
+def is_remote(source: object) -> bool:
+    """True for a URL that is not ``file://``."""
+    return isinstance(source, str) and "://" in source and not source.startswith("file://")
+
+
+def make_store(source: object, storage_options: dict[str, Any] | None, filesystem: Any,
+               retry: RetryPolicy | None) -> Store | None:
+    """The store a source is read through, or ``None`` for local files."""
+    if filesystem is not None:
+        if storage_options:
+            raise InvalidArgumentError("pass storage_options or filesystem, not both: "
+                                       "configure the filesystem itself")
+        proto = getattr(filesystem, "protocol", None)
+        proto = proto[0] if isinstance(proto, (tuple, list)) else proto
+        return Store(str(proto or ""), filesystem=filesystem, retry=retry)
+    items = [os.fspath(i) if isinstance(i, os.PathLike) else i for i in (
+        source if isinstance(source, (list, tuple)) else [source])]
+    remote = {split_url(i)[0] for i in items if isinstance(i, str) and is_remote(i)}
+    if not remote:
+        if storage_options:
+            raise InvalidArgumentError(
+                f"storage_options were given but {source!r} is a local path; pass a URL "
+                "such as s3://bucket/prefix/")
+        return None
+    if len(remote) > 1 or any(not is_remote(i) for i in items):
+        raise InvalidArgumentError(f"the sources mix filesystems ({sorted(remote)} and "
+                                   "others); open one dataset per filesystem")
+    return Store(remote.pop(), storage_options, retry=retry)
+
+
+# -- counting -------------------------------------------------------------------------------
+@dataclass
+class IOStats:
+    """What the IO of one process did, for ``loader.stats()`` (thread-safe counters)."""
+
+    requests: int = 0  # GETs that returned data (retries not counted here)
+    bytes: int = 0  # bytes fetched from the store
+    retries: int = 0  # requests repeated after a transient error
+    throttled: int = 0  # of which the store said "slow down" (503 SlowDown, 429)
+    timeouts: int = 0  # requests abandoned after the per-request timeout
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_corrupt: int = 0  # cache entries that failed their checksum and were refetched
+    concurrency: int = 0  # the adaptive limit now
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def as_dict(self) -> dict[str, int]:
+        with self._lock:
+            return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+
+# -- retries and adaptive concurrency -------------------------------------------------------
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How pqloader retries a request; see :class:`Store`."""
+
+    attempts: int = 10  # tries in all, the first included
+    base_delay_s: float = 0.05  # backoff before retry k: uniform(0, min(max, base * 2**k))
+    max_delay_s: float = 5.0
+    timeout_s: float = 60.0  # per request; a request slower than this is retried
+    max_concurrency: int = 32  # requests in flight per process, at most
+    part_bytes: int = 8 << 20  # ranges larger than this are fetched in parallel parts
+    hole_bytes: int = 64 << 10  # ranges closer than this are fetched as one
+
+    def __post_init__(self) -> None:
+        for name in ("attempts", "max_concurrency", "part_bytes"):
+            if getattr(self, name) < 1:
+                raise InvalidArgumentError(f"RetryPolicy {name} must be >= 1")
+
+
+def classify(exc: BaseException) -> str:
+    """``"throttled"``, ``"transient"`` (retry) or ``"fatal"`` (403, 404, bad request...)."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                        NotADirectoryError, InvalidArgumentError)):
+        return "fatal"
+    status = _status(exc)
+    if status in (429, 503):
+        return "throttled"
+    if status is not None and status >= 500:
+        return "transient"
+    if status is not None and 400 <= status < 500 and status != 408:
+        return "fatal"
+    text = " ".join(f"{type(e).__name__}: {e}" for e in _chain(exc))
+    if _THROTTLED.search(text):
+        return "throttled"
+    if isinstance(exc, (ConnectionError, TimeoutError)) or _TRANSIENT.search(text):
+        return "transient"
+    if isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.ETIMEDOUT,
+                                                   errno.EPIPE, errno.EAGAIN, errno.EIO):
+        return "transient"
+    return "fatal"
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in seen and len(seen) < 8:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return seen
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status in an exception chain: aiohttp's ``status``, botocore's response."""
+    for e in _chain(exc):
+        status = getattr(e, "status", None) or getattr(e, "code", None)
+        if isinstance(status, int) and 100 <= status < 600:
+            return status
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(code, int):
+                return code
+    return None
+
+
+class Limiter:
+    """Additive-increase, multiplicative-decrease cap on requests in flight."""
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self.limit = max(1, min(8, maximum))
+        self._in_flight = 0
+        self._ok = 0
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> Limiter:
+        with self._cond:
+            while self._in_flight >= self.limit:
+                self._cond.wait()
+            self._in_flight += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            self._cond.notify()
+
+    def succeeded(self) -> None:
+        with self._cond:
+            self._ok += 1
+            if self._ok >= self.limit and self.limit < self.maximum:
+                self.limit += 1
+                self._ok = 0
+                self._cond.notify()
+
+    def throttled(self) -> None:
+        with self._cond:
+            self.limit = max(1, self.limit // 2)
+            self._ok = 0
+
+
+def coalesce(ranges: Sequence[Range], hole: int, part: int) -> list[Range]:
+    """Sorted ranges merged across gaps up to ``hole`` bytes, then cut into ``part``-byte
+    pieces, so that a large column chunk is fetched by several requests at once."""
+    merged: list[list[int]] = []
+    for off, n in sorted(ranges):
+        if merged and off <= merged[-1][0] + merged[-1][1] + hole:
+            end = max(merged[-1][0] + merged[-1][1], off + n)
+            merged[-1][1] = end - merged[-1][0]
+        else:
+            merged.append([off, n])
+    out: list[Range] = []
+    for off, n in merged:
+        pieces = max(1, -(-n // part))
+        step = -(-n // pieces)
+        out.extend((o, min(step, off + n - o)) for o in range(off, off + n, step))
+    return out
+
+
+# -- the store ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ObjectInfo:
+    path: str  # without the protocol
+    size: int
+    version: str | None  # ETag, generation or mtime: a changed object gets a new one
+
+
+class Store:
+    """Where a remote dataset lives; picklable, its filesystem made anew in each process."""
+
+    def __init__(self, protocol: str, storage_options: dict[str, Any] | None = None, *,
+                 filesystem: Any = None, retry: RetryPolicy | None = None) -> None:
+        self.protocol = protocol
+        self.storage_options = dict(storage_options or {})
+        self.retry = retry or RetryPolicy()
+        self._user_fs = filesystem  # a pre-built fsspec or pyarrow.fs filesystem, or None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._fs: Any = None
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self.limiter = Limiter(self.retry.max_concurrency)
+        self.stats = IOStats()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"protocol": self.protocol, "storage_options": self.storage_options,
+                "retry": self.retry, "fs": self._user_fs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["protocol"], state["storage_options"],  # type: ignore[misc]
+                      filesystem=state["fs"], retry=state["retry"])
+
+    def url(self, path: str) -> str:
+        """The URL of a filesystem path (what users and error messages see)."""
+        return str(self.fs.unstrip_protocol(path))
+
+    def native(self, url: str) -> str:
+        """The filesystem's own path for a URL (s3://b/k -> b/k; http URLs stay whole)."""
+        return str(self.fs._strip_protocol(url))
+
+    # the live filesystem, per process
+    @property
+    def fs(self) -> Any:
+        if self._pid != os.getpid():  # forked: nothing of the parent's IO state is usable
+            self._reset()
+        if self._fs is None:
+            with self._lock:
+                if self._fs is None:
+                    self._fs = self._make()
+        return self._fs
+
+    def _make(self) -> Any:
+        if self._user_fs is not None:
+            return _ArrowFs(self._user_fs) if _is_arrow_fs(self._user_fs) else self._user_fs
+        try:
+            import fsspec
+        except ImportError as exc:  # pragma: no cover - fsspec comes with the remote extras
+            raise ImportError(_hint(self.protocol)) from exc
+        options = _defaults(self.protocol, self.storage_options)
+        try:
+            cls = fsspec.get_filesystem_class(self.protocol)
+        except (ImportError, ValueError) as exc:
+            raise ImportError(f"{_hint(self.protocol)} ({exc})") from exc
+        retries = options.pop("retries", None)
+        fs = cls(skip_instance_cache=True, **options)
+        if retries is not None and hasattr(fs, "retries"):
+            fs.retries = retries  # s3fs: its own retry loop, a class attribute
+        return fs
+
+    def _executor(self) -> ThreadPoolExecutor:
+        _ = self.fs  # resets after fork
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.retry.max_concurrency,
+                                                    thread_name_prefix="pqloader-io")
+        return self._pool
+
+    # listing
+    def info(self, path: str) -> ObjectInfo:
+        return _object_info(self._call(lambda: self.fs.info(path), path))
+
+    def find(self, path: str) -> list[ObjectInfo]:
+        """Every object below ``path`` (recursively), or ``path`` itself if it is an object."""
+        found = self._call(lambda: self.fs.find(path, detail=True, withdirs=False), path)
+        return sorted((_object_info(i) for i in found.values()), key=lambda o: o.path)
+
+    def glob(self, pattern: str) -> list[ObjectInfo]:
+        found = self._call(lambda: self.fs.glob(pattern, detail=True), pattern)
+        return sorted((_object_info(i) for i in found.values() if i.get("type") != "directory"),
+                      key=lambda o: o.path)
+
+    def isdir(self, path: str) -> bool:
+        return bool(self._call(lambda: self.fs.isdir(path), path))
+
+    # reading
+    def read_ranges(self, path: str, ranges: Sequence[Range]) -> dict[Range, bytes]:
+        """The bytes of each range (coalesced, parallel, retried): ``{(offset, length): data}``."""
+        if not ranges:
+            return {}
+        pieces = coalesce(ranges, self.retry.hole_bytes, self.retry.part_bytes)
+        pool = self._executor()
+        futures = {p: pool.submit(self._get, path, p) for p in pieces}
+        fetched = {p: f.result() for p, f in futures.items()}
+        return {r: _cut(fetched, r) for r in ranges}
+
+    def read(self, path: str, offset: int, length: int) -> bytes:
+        return self.read_ranges(path, [(offset, length)])[(offset, length)]
+
+    def _get(self, path: str, piece: Range) -> bytes:
+        off, n = piece
+        data: bytes = self._call(lambda: self.fs.cat_file(path, start=off, end=off + n), path,
+                                 expect=n, count=True)
+        return data
+
+    def _call(self, fn: Callable[[], Any], path: str, *, expect: int | None = None,
+              count: bool = False) -> Any:
+        """``fn()`` with retries, backoff, the concurrency limit and a per-request timeout."""
+        policy = self.retry
+        for attempt in range(policy.attempts):
+            try:
+                with self.limiter:
+                    data = _with_timeout(fn, policy.timeout_s)
+                if expect is not None and len(data) != expect:
+                    raise ConnectionError(f"short read: {len(data)} of {expect} bytes")
+            except BaseException as exc:
+                kind = "transient" if isinstance(exc, FutureTimeout) else classify(exc)
+                if kind == "fatal" or attempt + 1 == policy.attempts:
+                    raise _remote_error(self.url(path), exc, attempt + 1, kind) from exc
+                if kind == "throttled":
+                    self.limiter.throttled()
+                self.stats.add(retries=1, throttled=int(kind == "throttled"),
+                               timeouts=int(isinstance(exc, FutureTimeout)))
+                cap = min(policy.max_delay_s, policy.base_delay_s * 2**attempt)
+                time.sleep(random.uniform(0, cap))
+                continue
+            self.limiter.succeeded()
+            if count:
+                self.stats.add(requests=1, bytes=len(data))
+            self.stats.concurrency = self.limiter.limit
+            return data
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
+    """``fn()`` on a helper thread, abandoned (and retried by the caller) after the timeout."""
+    if timeout_s <= 0:
+        return fn()
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True, name="pqloader-request")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise FutureTimeout(f"no answer in {timeout_s:g} s")
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _cut(fetched: dict[Range, bytes], want: Range) -> bytes:
+    off, n = want
+    parts = []
+    for (p_off, p_n), data in sorted(fetched.items()):
+        lo, hi = max(off, p_off), min(off + n, p_off + p_n)
+        if lo < hi:
+            parts.append(data[lo - p_off:hi - p_off])
+    return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+def _remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exception:
+    if isinstance(exc, FileNotFoundError):
+        return DatasetNotFoundError(f"{url}: no such object ({exc})")
+    if isinstance(exc, PermissionError):
+        return RemoteIOError(f"{url}: access denied ({exc}); check the credentials in "
+                             "storage_options")
+    if kind == "fatal":
+        hint = ("; pass credentials in storage_options (e.g. key=, secret=), or anon=True "
+                "for a public bucket") if "Credentials" in type(exc).__name__ else ""
+        return RemoteIOError(f"{url}: {type(exc).__name__}: {exc}{hint}")
+    return RemoteIOError(f"{url}: gave up after {attempts} attempts; last error "
+                         f"{type(exc).__name__}: {exc}. Raise RetryPolicy(attempts=...) or "
+                         "lower the concurrency if the store is throttling")
+
+
+def _hint(protocol: str) -> str:
+    extra = _EXTRAS.get(protocol)
+    pkg = f"pip install 'pqloader[{extra}]'" if extra else "install the fsspec implementation"
+    return f"reading {protocol}:// needs an fsspec filesystem for it: {pkg}"
+
+
+def _defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """pqloader owns retries: turn off the filesystem's own, unless the user set them."""
+    options = dict(options)
+    if protocol in ("s3", "s3a"):
+        options.setdefault("retries", 1)
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        config.setdefault("connect_timeout", 10)
+        config.setdefault("read_timeout", 60)
+        options["config_kwargs"] = config
+    return options
+
+
+def _object_info(info: dict[str, Any]) -> ObjectInfo:
+    name = str(info.get("name") or info.get("Key") or "")
+    size = int(info.get("size") or info.get("Size") or 0)
+    version = None
+    for key in ("ETag", "etag", "generation", "version_id", "VersionId", "md5Hash", "mtime",
+                "LastModified", "last_modified", "created"):
+        value = info.get(key)
+        if value not in (None, ""):
+            version = f"{key}={value}"
+            break
+    return ObjectInfo(name, size, version)
+
+
+def _is_arrow_fs(fs: Any) -> bool:
+    try:
+        import pyarrow.fs as pafs
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(fs, pafs.FileSystem)
+
+
+class _ArrowFs:
+    """The few fsspec calls pqloader makes, over a ``pyarrow.fs.FileSystem``."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    @staticmethod
+    def _strip_protocol(url: str) -> str:
+        return url.split("://", 1)[-1]
+
+    @staticmethod
+    def unstrip_protocol(path: str) -> str:
+        return path
+
+    def _info(self, fi: Any) -> dict[str, Any]:
+        import pyarrow.fs as pafs
+
+        kind = "directory" if fi.type == pafs.FileType.Directory else "file"
+        return {"name": fi.path, "size": fi.size, "type": kind, "mtime": fi.mtime_ns}
+
+    def info(self, path: str) -> dict[str, Any]:
+        import pyarrow.fs as pafs
+
+        fi = self.fs.get_file_info(path)
+        if fi.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(path)
+        return self._info(fi)
+
+    def isdir(self, path: str) -> bool:
+        import pyarrow.fs as pafs
+
+        return bool(self.fs.get_file_info(path).type == pafs.FileType.Directory)
+
+    def find(self, path: str, detail: bool = True, withdirs: bool = False) -> dict[str, Any]:
+        import pyarrow.fs as pafs
+
+        if not self.isdir(path):
+            return {path: self.info(path)}
+        infos = self.fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        return {i.path: self._info(i) for i in infos if i.type == pafs.FileType.File}
+
+    def glob(self, pattern: str, detail: bool = True) -> dict[str, Any]:
+        import fnmatch
+
+        base = pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0].rsplit("/", 1)[0]
+        return {p: i for p, i in self.find(base).items() if fnmatch.fnmatch(p, pattern)}
+
+    def cat_file(self, path: str, start: int, end: int) -> bytes:
+        with self.fs.open_input_file(path) as f:
+            return bytes(f.read_at(end - start, start))

@@ -1,0 +1,249 @@
+"""The parts of remote IO that need no server: retry classes, coalescing, the cache, memory://."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import pqloader
+from pqloader._cache import Cache
+from pqloader._fs import Limiter, RetryPolicy, Store, classify, coalesce
+
+
+class _Status(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+@pytest.mark.parametrize(("exc", "kind"), [
+    (_Status(503), "throttled"),
+    (_Status(429), "throttled"),
+    (OSError("An error occurred (SlowDown): Please reduce your request rate."), "throttled"),
+    (_Status(500), "transient"),
+    (ConnectionResetError("Connection reset by peer"), "transient"),
+    (TimeoutError("read timed out"), "transient"),
+    (OSError("Server disconnected"), "transient"),
+    (FileNotFoundError("s3://b/k"), "fatal"),
+    (PermissionError("Forbidden"), "fatal"),
+    (_Status(403), "fatal"),
+    (_Status(404), "fatal"),
+    (ValueError("bad"), "fatal"),
+])
+def test_classify(exc: BaseException, kind: str) -> None:
+    assert classify(exc) == kind
+
+
+def test_classify_looks_through_the_cause() -> None:
+    try:
+        try:
+            raise _Status(503)
+        except _Status as inner:
+            raise OSError("wrapped") from inner
+    except OSError as outer:
+        assert classify(outer) == "throttled"
+
+
+def test_coalesce_merges_near_ranges_and_splits_big_ones() -> None:
+    assert coalesce([(100, 10), (0, 10), (15, 5)], hole=10, part=1000) == [(0, 20), (100, 10)]
+    pieces = coalesce([(0, 2500)], hole=0, part=1000)
+    assert pieces == [(0, 834), (834, 834), (1668, 832)]
+    assert sum(n for _, n in pieces) == 2500
+
+
+def test_limiter_halves_on_throttle_and_creeps_back() -> None:
+    limiter = Limiter(maximum=16)
+    start = limiter.limit
+    limiter.throttled()
+    assert limiter.limit == start // 2
+    for _ in range(100):
+        limiter.succeeded()
+    assert start // 2 < limiter.limit <= 16
+
+
+class _Flaky:
+    """A filesystem whose reads fail ``failures`` times (503) before answering."""
+
+    protocol = "flaky"
+
+    def __init__(self, data: bytes, failures: int, status: int = 503) -> None:
+        self.data, self.failures, self.status, self.calls = data, failures, status, 0
+        self.lock = threading.Lock()
+
+    def cat_file(self, path: str, start: int, end: int) -> bytes:
+        with self.lock:
+            self.calls += 1
+            if self.failures > 0:
+                self.failures -= 1
+                raise _Status(self.status)
+        return self.data[start:end]
+
+    def unstrip_protocol(self, path: str) -> str:
+        return f"flaky://{path}"
+
+
+def test_store_retries_throttling_and_counts_it() -> None:
+    fs = _Flaky(bytes(range(256)) * 4, failures=3)
+    store = Store("flaky", filesystem=fs, retry=RetryPolicy(base_delay_s=0.001))
+    assert store.read("obj", 10, 20) == (bytes(range(256)) * 4)[10:30]
+    stats = store.stats.as_dict()
+    assert stats["retries"] == 3 and stats["throttled"] == 3 and stats["requests"] == 1
+
+
+def test_store_gives_up_with_the_url_and_the_count() -> None:
+    store = Store("flaky", filesystem=_Flaky(b"x" * 10, failures=100),
+                  retry=RetryPolicy(attempts=3, base_delay_s=0.001))
+    with pytest.raises(pqloader.RemoteIOError, match=r"flaky://obj: gave up after 3 attempts"):
+        store.read("obj", 0, 5)
+
+
+def test_store_does_not_retry_a_403() -> None:
+    fs = _Flaky(b"x" * 10, failures=1, status=403)
+    store = Store("flaky", filesystem=fs, retry=RetryPolicy(base_delay_s=0.001))
+    with pytest.raises(pqloader.RemoteIOError, match="flaky://obj"):
+        store.read("obj", 0, 5)
+    assert fs.calls == 1
+
+
+def test_store_retries_a_request_past_its_timeout() -> None:
+    class Slow(_Flaky):
+        def cat_file(self, path: str, start: int, end: int) -> bytes:
+            with self.lock:
+                self.calls += 1
+                first = self.calls == 1
+            if first:
+                threading.Event().wait(2)  # the first request hangs
+            return self.data[start:end]
+
+    store = Store("flaky", filesystem=Slow(b"abcdef", 0),
+                  retry=RetryPolicy(timeout_s=0.2, base_delay_s=0.001))
+    assert store.read("obj", 1, 3) == b"bcd"
+    assert store.stats.as_dict()["timeouts"] == 1
+
+
+# -- the cache --------------------------------------------------------------------------------
+def test_cache_round_trip_and_versions(tmp_path: Path) -> None:
+    cache = Cache(tmp_path)
+    cache.put("s3://b/k", "etag=1", 0, 5, b"hello")
+    assert bytes(cache.get("s3://b/k", "etag=1", 0, 5)) == b"hello"
+    assert cache.get("s3://b/k", "etag=2", 0, 5) is None  # a changed object: a new entry
+    assert cache.get("s3://b/k", "etag=1", 0, 4) is None
+
+
+def test_cache_paths_never_leave_the_directory(tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "c")
+    cache.put("../../../../etc/passwd", "../..", 0, 1, b"x")
+    cache.put("s3://b/" + "../" * 20 + "x", None, 0, 1, b"y")
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written and all((tmp_path / "c") in p.parents for p in written)
+
+
+def test_corrupt_entry_is_detected_and_deleted(tmp_path: Path) -> None:
+    from pqloader._cache import CorruptCacheEntry
+
+    cache = Cache(tmp_path)
+    cache.put("u", "v", 0, 1000, os.urandom(1000))
+    [entry] = cache.entries()
+    raw = bytearray(entry.path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    entry.path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptCacheEntry, match="damaged"):
+        cache.get("u", "v", 0, 1000)
+    assert cache.get("u", "v", 0, 1000) is None  # deleted: fetched again next time
+
+
+def test_cache_evicts_least_recently_used(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, max_bytes=10_000)
+    for i in range(5):
+        cache.put("u", None, i * 3000, 3000, bytes(3000))
+        path = cache.entries()[-1].path
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))  # distinct ages
+    assert cache.usage() <= 10_000
+    kept = {e.offset for e in cache.entries()}
+    assert kept == {9000, 12000}  # the newest; the oldest went first
+    assert cache.clear() > 0 and cache.usage() == 0
+
+
+def test_concurrent_writers_never_expose_partial_entries(tmp_path: Path) -> None:
+    cache = Cache(tmp_path)
+    data = os.urandom(1 << 20)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(20):
+                cache.put("u", "v", 0, len(data), data)
+                got = cache.get("u", "v", 0, len(data))
+                assert got is None or bytes(got) == data
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert not list(tmp_path.rglob(".tmp-*"))
+
+
+# -- memory:// end to end ---------------------------------------------------------------------
+@pytest.fixture
+def memory_dataset(tmp_path: Path) -> str:
+    table = pa.table({"x": np.arange(20_000), "s": [str(i) for i in range(20_000)],
+                      "tok": pa.array([[i] * (i % 4) for i in range(20_000)])})
+    pqloader.write_dataset(table, tmp_path / "d", rows_per_file=6000, row_group_size=1500)
+    fs = fsspec.filesystem("memory")
+    root = f"/pq-{os.getpid()}-{tmp_path.name}"
+    fs.put(str(tmp_path / "d"), root, recursive=True)
+    return f"memory://{root}"
+
+
+def test_memory_url_every_row_once_and_warm_cache_makes_no_requests(
+        memory_dataset: str, tmp_path: Path) -> None:
+    ds = pqloader.ParquetDataset(memory_dataset, columns=["x", "tok"], cache=tmp_path / "cache")
+    assert ds.files[0].startswith("memory://")
+    loader = pqloader.DataLoader(ds, batch_size=700, shuffle=True, num_workers=2)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        before = ds.io_stats()["requests"]
+        xs, lengths = [], []
+        for batch in loader:
+            xs.append(batch["x"].numpy())
+            lengths.append(batch["tok_lengths"].numpy())
+        x = np.concatenate(xs)
+        assert np.array_equal(np.sort(x), np.arange(20_000))
+        assert np.array_equal(np.concatenate(lengths), x % 4)
+        if epoch == 1:
+            assert ds.io_stats()["requests"] == before  # every byte from the cache
+    assert ds.io_stats()["cache_hits"] > 0
+
+
+def test_memory_projection_fetches_only_the_projected_columns(memory_dataset: str) -> None:
+    full = pqloader.ParquetDataset(memory_dataset)
+    list(pqloader.DataLoader(full, batch_size=5000, num_workers=0))
+    one = pqloader.ParquetDataset(memory_dataset, columns=["x"])
+    list(pqloader.DataLoader(one, batch_size=5000, num_workers=0))
+    assert one.io_stats()["bytes"] < full.io_stats()["bytes"] / 2
+
+
+def test_memory_map_style_and_glob(memory_dataset: str) -> None:
+    ds = pqloader.ParquetDataset(memory_dataset + "/part-*.parquet")
+    assert len(ds) == 20_000
+    assert ds[12_345]["s"] == "12345"
+
+
+def test_storage_options_for_a_local_path_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(pqloader.InvalidArgumentError, match="local path"):
+        pqloader.ParquetDataset(tmp_path, storage_options={"anon": True})
+
+
+def test_unknown_protocol_says_what_to_install() -> None:
+    with pytest.raises(ImportError, match="fsspec"):
+        pqloader.ParquetDataset("nosuchproto://bucket/data")
