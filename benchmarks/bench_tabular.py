@@ -1,8 +1,15 @@
-"""How fast does pqloader deliver shuffled tabular batches, against the pyarrow decode floor and
-the naive tutorial way (pandas in memory + a map-style Dataset + torch's DataLoader)?
+"""How fast does pqloader deliver shuffled tabular batches, against the pyarrow decode floor, the
+naive tutorial way (pandas in memory + a map-style Dataset + torch's DataLoader) and the peers?
 
     .venv/bin/python benchmarks/bench_tabular.py            # 8M rows x 32 float32 + label
     .venv/bin/python benchmarks/bench_tabular.py --tiny     # seconds: the smoke test's run
+    .venv/bin/python benchmarks/bench_tabular.py --peers    # + every peer (opt-in: see below)
+
+Peers (opt-in: ``--peers`` adds them all, ``--methods`` picks some): hf-map, hf-map-batched and
+hf-stream (Hugging Face ``datasets``), petastorm, mosaic (MosaicML Streaming over MDS), ray
+(Ray Data) and lance. Each runs in its own venv under ``.venv-peers/``, which the first run makes
+(pip, minutes); conversions (MDS, Lance, the ``datasets`` cache) are made once beside the data,
+timed, and reused. A peer is timed after its first batch for up to ``--peer-seconds``.
 
 Each method runs in a fresh child process (this script with ``--child METHOD``); the parent
 samples the memory of the child's process tree (the child and its workers) every 20 ms. Methods
@@ -24,10 +31,12 @@ from typing import Any
 
 import harness
 import numpy as np
+import peer_loaders
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 METHODS = ("floor", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2", "pqloader-w2-proc")
+PEER_METHODS = tuple(peer_loaders.METHODS)  # opt-in: --peers
 NUM_FEATURES = 32
 SEED = 0
 
@@ -136,6 +145,29 @@ def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int,
     return {"rows": rows, "seconds": seconds, "label_sum": label_sum}
 
 
+def peer_workload(path: Path, args: argparse.Namespace) -> peer_loaders.Workload:
+    return peer_loaders.Workload(data=path, out=path.parent / f"{path.name}-peers",
+                                 batch_size=args.batch_size, list_column=None, seed=SEED)
+
+
+def run_peer(path: Path, args: argparse.Namespace, method: str) -> dict[str, Any]:
+    """A peer's loader (peer_loaders.py): rows/s after its first batch, for up to
+    ``--peer-seconds``; the label sum only when it delivered the whole epoch."""
+    w = peer_workload(path, args)
+    if args.prepare:
+        return peer_loaders.prepare(method, w)
+
+    def consume(batch: dict[str, Any]) -> dict[str, int]:
+        return {"rows": len(batch["label"]), "label_sum": int(batch["label"].sum())}
+
+    r = peer_loaders.measure(method, w, consume, args.peer_seconds)
+    out = {"rows": r["timed_rows"], "seconds": r["seconds"], "first_batch_s": r["first_batch_s"],
+           "whole_epoch": r["whole_epoch"], "epoch_rows": r["rows"] + r["timed_rows"]}
+    if r["whole_epoch"]:
+        out["label_sum"] = r["label_sum"] + r["timed_label_sum"]
+    return out
+
+
 CHILDREN = {
     "floor": run_floor,
     "naive-w0": lambda p, a: run_naive(p, a, 0),
@@ -143,26 +175,38 @@ CHILDREN = {
     "pqloader-w0": lambda p, a: run_pqloader(p, a, 0),
     "pqloader-w2": lambda p, a: run_pqloader(p, a, 2),
     "pqloader-w2-proc": lambda p, a: run_pqloader(p, a, 2, "process"),
+    **{m: lambda p, a, m=m: run_peer(p, a, m) for m in PEER_METHODS},
 }
 
 
 # -- the parent: run, watch, summarise --------------------------------------------------------
-def run_child(method: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    result = harness.run_child(__file__, method, [
-        "--data", str(path), "--batch-size", str(args.batch_size),
-        "--naive-batches", str(args.naive_batches)])
+def child_argv(path: Path, args: argparse.Namespace) -> list[str]:
+    return ["--data", str(path), "--batch-size", str(args.batch_size),
+            "--naive-batches", str(args.naive_batches), "--peer-seconds", str(args.peer_seconds)]
+
+
+def run_child(method: str, path: Path, args: argparse.Namespace,
+              prepared: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    if "error" in prepared.get(method, {}):
+        return {"error": prepared[method]["error"]}
+    python = prepared[method]["python"] if method in prepared else sys.executable
+    result = harness.run_child(__file__, method, child_argv(path, args), python=python)
     if "error" not in result:
         result["rows_per_s"] = result["rows"] / max(result["seconds"], 1e-9)
     return result
 
 
-def summarise(runs: dict[str, list[dict[str, Any]]], rows: int) -> dict[str, Any]:
-    """Per method: median rows/s and peak memory over the runs, ratios, failures."""
+def summarise(runs: dict[str, list[dict[str, Any]]], rows: int,
+              prepared: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per method: median rows/s and peak memory over the runs, ratios, failures; for the
+    peers, their conversion and pqloader's ratio to the best `datasets` mode."""
     out: dict[str, Any] = {}
     for method, results in runs.items():
         ok = [r for r in results if "error" not in r]
         errors = [r["error"] for r in results if "error" in r]
         s: dict[str, Any] = {"runs": results, "errors": errors}
+        if method in prepared:
+            s["convert_s"] = prepared[method].get("convert_s")
         if ok:
             s.update(rows_per_s=statistics.median(r["rows_per_s"] for r in ok),
                      peak_rss_mib=round(statistics.median(r["peak_rss_mib"] for r in ok)),
@@ -170,6 +214,11 @@ def summarise(runs: dict[str, list[dict[str, Any]]], rows: int) -> dict[str, Any
                      peak_rss_mib_max=max(r["peak_rss_mib"] for r in ok))
             if method.startswith("naive"):
                 s["load_s"] = statistics.median(r["load_s"] for r in ok)
+            elif method in PEER_METHODS:
+                s["first_batch_s"] = statistics.median(r["first_batch_s"] for r in ok)
+                if bad := [r["epoch_rows"] for r in ok if r["whole_epoch"] and
+                           r["epoch_rows"] != rows]:
+                    errors.append(f"delivered {bad} rows in an epoch, expected {rows}")
             elif any(r["rows"] != rows for r in ok):
                 errors.append(f"delivered {[r['rows'] for r in ok]} rows, expected {rows}")
         out[method] = s
@@ -182,6 +231,12 @@ def summarise(runs: dict[str, list[dict[str, Any]]], rows: int) -> dict[str, Any
             s["x_best_naive"] = s["rows_per_s"] / max(naive) if naive else None
         if len(sums) > 1 and any("label_sum" in r for r in s["runs"]):
             s["errors"].append(f"label sums differ between methods: {sorted(sums)}")
+    hf = {m: s["rows_per_s"] for m, s in out.items() if m.startswith("hf-") and "rows_per_s" in s}
+    if hf:
+        best = max(hf, key=hf.__getitem__)
+        for s in out.values():
+            if "rows_per_s" in s:
+                s["x_best_hf"], s["best_hf"] = s["rows_per_s"] / hf[best], best
     return out
 
 
@@ -194,22 +249,41 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\nshuffled tabular batches: {args.rows:,} rows x {NUM_FEATURES} float32 + int64 "
           f"label, {args.files} files, {args.row_group_size:,}-row groups, batch "
           f"{args.batch_size}; median of {args.repeats}")
+    hf = any("x_best_hf" in s for s in summary.values())
     print(f"{'method':<18}{'rows/s':>12}{'x floor':>9}{'x naive':>9}"
-          f"{'peak RSS MiB':>14}{'peak PSS MiB':>14}")
+          + (f"{'x hf':>9}" if hf else "") + f"{'peak RSS MiB':>14}{'peak PSS MiB':>14}")
     for method, s in summary.items():
         if "rows_per_s" not in s:
             print(f"{method:<18}  FAILED: {s['errors'][0]}")
             continue
-        star = "*" if method.startswith("naive") else ""
+        star = "*" if method.startswith("naive") else "+" if method in PEER_METHODS else ""
         print(f"{method + star:<18}{s['rows_per_s']:>12,.0f}{ratio(s['x_floor']):>9}"
-              f"{ratio(s['x_best_naive']):>9}{s['peak_rss_mib']:>14,}{s['peak_pss_mib']:>14,}")
+              f"{ratio(s['x_best_naive']):>9}" + (f"{ratio(s['x_best_hf']):>9}" if hf else "")
+              + f"{s['peak_rss_mib']:>14,}{s['peak_pss_mib']:>14,}")
     if any(m.startswith("naive") for m in summary):
         loads = ", ".join(f"{m} {s['load_s']:.1f} s" for m, s in summary.items() if "load_s" in s)
         print(f"* naive: rows/s over {args.naive_batches} batches after the first; the load "
               f"(pd.read_parquet) and the first batch are not counted ({loads})")
+    if peers := [m for m in summary if m in PEER_METHODS]:
+        print(peer_note(summary, peers, args.peer_seconds, "rows"))
     print("floor: pyarrow decode to numpy, no shuffle; pqloader: shuffled, every row, timed from "
           "opening the dataset. Peak memory of the process tree, median of the runs' peaks: RSS "
           "counts shared pages once per process, PSS splits them.")
+
+
+def peer_note(summary: dict[str, Any], peers: list[str], seconds: float, unit: str) -> str:
+    """The footnote on the peers: how they were timed, their conversions and start-up."""
+    def start(m: str) -> str:
+        s = summary[m]
+        parts = [f"first batch {s['first_batch_s']:.1f} s"] if "first_batch_s" in s else []
+        if s.get("convert_s") is not None:
+            parts.insert(0, f"conversion {s['convert_s']:.0f} s")
+        return f"{m} {', '.join(parts)}" if parts else ""
+
+    best = next((s["best_hf"] for s in summary.values() if "best_hf" in s), None)
+    return (f"+ peers: {unit}/s after the first batch, until the epoch ends or {seconds:g} s; "
+            "not counted: " + "; ".join(filter(None, map(start, peers)))
+            + (f". x hf: against the best `datasets` mode ({best})" if best else ""))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -219,22 +293,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--files", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=3, help="runs per method; medians reported")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of "
-                   + ", ".join(METHODS))
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated, among "
+                   + ", ".join(METHODS + PEER_METHODS) + " (default: the first 6)")
+    p.add_argument("--peers", action="store_true", help="add every peer: "
+                   + ", ".join(PEER_METHODS) + "; each runs in its own venv under "
+                   ".venv-peers/, which the first run makes with pip (minutes)")
+    p.add_argument("--peer-seconds", type=float, default=30,
+                   help="time each peer for at most this long after its first batch")
     p.add_argument("--data", type=Path, help="dataset folder, reused when it holds the same "
                    "rows and files (default: one under the temp dir)")
     p.add_argument("--tiny", action="store_true",
                    help="100k rows, 4 files, 8192-row groups, 1 repeat: a smoke run")
     p.add_argument("--naive-batches", type=int, default=40, help=argparse.SUPPRESS)
-    p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=METHODS + PEER_METHODS, help=argparse.SUPPRESS)
+    p.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.row_group_size = 65_536
     if args.tiny:
         args.rows, args.files, args.row_group_size, args.repeats = 100_000, 4, 8192, 1
         args.naive_batches = min(args.naive_batches, 5)
+        args.peer_seconds = min(args.peer_seconds, 5)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if unknown := sorted(set(args.methods) - set(METHODS)):
-        p.error(f"unknown methods {unknown}; choose among {', '.join(METHODS)}")
+    if args.peers:
+        args.methods += [m for m in PEER_METHODS if m not in args.methods]
+    if unknown := sorted(set(args.methods) - set(METHODS + PEER_METHODS)):
+        p.error(f"unknown methods {unknown}; choose among {', '.join(METHODS + PEER_METHODS)}")
     if args.data is None:
         args.data = Path(tempfile.gettempdir()) / (
             f"pqloader-bench-tabular-{args.rows}x{args.files}-{args.row_group_size}")
@@ -246,12 +329,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print("CHILD " + json.dumps(CHILDREN[args.child](args.data, args)), flush=True)
         return 0
+    import peers  # the parent's only: it makes the peers' venvs
     commit = harness.commit()  # before the runs: others may commit while they go on
     ensure_data(args.data, args.rows, args.files, args.row_group_size)
+    prepared = peers.prepare(__file__, [m for m in args.methods if m in PEER_METHODS],
+                             child_argv(args.data, args), peer_loaders.METHODS)
     runs = harness.interleave(args.methods, args.repeats,
-                              lambda m: run_child(m, args.data, args),
+                              lambda m: run_child(m, args.data, args, prepared),
                               lambda r: f"{r['rows_per_s']:,.0f} rows/s")
-    summary = summarise(runs, args.rows)
+    summary = summarise(runs, args.rows, prepared)
     print_table(summary, args)
     print("RESULT " + json.dumps({
         "benchmark": "tabular", "commit": commit, "rows": args.rows, "files": args.files,

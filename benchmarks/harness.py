@@ -2,6 +2,7 @@
 interleave the repeats, and note the commit measured.
 
 A child is this same script run with ``--child METHOD ...``; it prints one ``CHILD {json}`` line.
+Children may run in a peer's venv (``peers.py``), which has no psutil: only the parent imports it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psutil
+if TYPE_CHECKING:
+    import psutil
 
 MIB = 2**20
 SAMPLE_S = 0.02  # RSS of the tree every 20 ms ...
@@ -25,6 +27,8 @@ TREE_EVERY = 5  # ... its process list and PSS every 5 samples (100 ms): they co
 
 
 def _tree_memory(tree: list[psutil.Process], pss: bool) -> int:
+    import psutil
+
     total = 0
     for p in tree:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
@@ -38,6 +42,8 @@ def watch(proc: subprocess.Popen[str]) -> tuple[int, int]:
     RSS counts a page shared by several processes (forked workers) once per process; PSS
     splits it between them, so the tree's PSS is what the tree really holds.
     """
+    import psutil
+
     root = psutil.Process(proc.pid)
     tree, peak_rss, peak_pss = [root], 0, 0
     for tick in itertools.count():
@@ -54,10 +60,11 @@ def watch(proc: subprocess.Popen[str]) -> tuple[int, int]:
     return peak_rss, peak_pss
 
 
-def run_child(script: str, method: str, argv: list[str]) -> dict[str, Any]:
-    """Run ``script --child METHOD argv...``: its result, with the tree's peak memory in MiB,
-    or ``{"error": last line of stderr}``."""
-    cmd = [sys.executable, script, "--child", method, *argv]
+def run_child(script: str, method: str, argv: list[str],
+              python: str | Path = sys.executable) -> dict[str, Any]:
+    """Run ``python script --child METHOD argv...``: its result, with the tree's peak memory in
+    MiB, or ``{"error": last line of stderr}``. ``python``: a peer venv's interpreter."""
+    cmd = [str(python), script, "--child", method, *argv]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
         peak_rss, peak_pss = watch(proc)
@@ -69,6 +76,7 @@ def run_child(script: str, method: str, argv: list[str]) -> dict[str, Any]:
             stderr = err.read().strip()
             print(f"{method} failed (exit code {proc.returncode}):\n{stderr}", file=sys.stderr)
             last = stderr.splitlines()[-1] if stderr else f"exit code {proc.returncode}"
+            last = last if len(last) <= 300 else last[:300] + " ..."  # some embed their data
             return {"error": last}
     result: dict[str, Any] = json.loads(lines[-1].removeprefix("CHILD "))
     result.update(peak_rss_mib=round(peak_rss / MIB), peak_pss_mib=round(peak_pss / MIB))
