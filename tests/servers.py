@@ -10,6 +10,7 @@ here: benchmarks import this module too (``sys.path.insert(0, "tests")``).
         pqloader.ParquetDataset(url, storage_options=s3.storage_options)
     with S3FaultProxy(s3, rate_per_s=20, latency_ms=20, drop_fraction=0.05) as proxy:
         proxy.storage_options                              # s3fs through nginx, same buckets
+        proxy.requests()                                   # what nginx served: status, range...
     with NginxFiles("data/train") as http:                 # http.url -> "http://127.0.0.1:PORT"
     with RadosGateway() as rgw:                            # a real S3 (Ceph), ~15 s to start
 
@@ -36,7 +37,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "MotoS3",
@@ -242,13 +243,39 @@ def _nginx_exe() -> str:
     return exe
 
 
+class Request(NamedTuple):
+    """One request as nginx logged it (``status`` 444: the connection was dropped)."""
+
+    method: str
+    path: str
+    query: str
+    status: int
+    bytes_sent: int
+    range: str
+    seconds: float
+
+
 class _Nginx(_Processes):
     """nginx as one foreground process with a generated config inside its own folder."""
 
     name = "nginx"
 
+    def requests(self) -> list[Request]:
+        """Every request served so far, oldest first (start-up probes left out).
+
+        For counting: ``sum(r.method == "GET" for r in server.requests())`` data requests,
+        ``[r for r in proxy.requests() if r.status == 503]`` throttled ones.
+        """
+        out = []
+        log = self.dir / "access.log"
+        for line in log.read_text().splitlines() if log.exists() else []:
+            method, path, query, status, sent, byte_range, secs = line.split("\t")
+            out.append(Request(method, path, query.removeprefix("-"), int(status), int(sent),
+                               byte_range.removeprefix("-"), float(secs)))  # "-": empty
+        return out
+
     def _start(self, server_block: str, *, http_extra: str = "", modules: str = "",
-               ready_path: str = "/", timeout_s: float = 10) -> None:
+               timeout_s: float = 10) -> None:
         exe = _nginx_exe()
         d = self.dir
         for attempt in range(3):
@@ -262,7 +289,9 @@ pid {d}/nginx.pid;
 error_log {d}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
-    access_log off;
+    log_format pq "$request_method\t$uri\t$args\t$status\t"
+                  "$body_bytes_sent\t$http_range\t$request_time";
+    access_log {d}/access.log pq;
 {temp}
     default_type application/octet-stream;
     sendfile on;
@@ -271,6 +300,7 @@ http {{
 {http_extra}
     server {{
         listen 127.0.0.1:{self.port};
+        location = /__pq_ready {{ access_log off; return 204; }}
 {server_block}
     }}
 }}
@@ -279,7 +309,7 @@ http {{
             proc = self._spawn([exe, "-p", str(d), "-c", str(d / "nginx.conf"),
                                 "-e", str(d / "error.log")], "stdout.log")
             try:
-                self._wait_http(f"http://127.0.0.1:{self.port}{ready_path}", proc, timeout_s)
+                self._wait_http(f"http://127.0.0.1:{self.port}/__pq_ready", proc, timeout_s)
                 return
             except RuntimeError:
                 if attempt == 2 or "in use" not in self._log_tail():
@@ -366,7 +396,6 @@ class S3FaultProxy(_Nginx, S3Server):
             default_type application/xml;
             return 503 '{SLOWDOWN_XML}';
         }}
-        location = /__pq_ready {{ return 204; }}
 {delay}
         location / {{
 {body}
@@ -377,8 +406,7 @@ class S3FaultProxy(_Nginx, S3Server):
         }}"""
         modules = f"load_module {ECHO_MODULE};" if latency_ms else ""
         try:
-            self._start(server_block, http_extra=http_extra, modules=modules,
-                        ready_path="/__pq_ready")
+            self._start(server_block, http_extra=http_extra, modules=modules)
         except BaseException:
             self.close()
             raise
