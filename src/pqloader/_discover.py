@@ -332,8 +332,10 @@ def _open_remote(source: object, store: Store, cache: Cache | None
     if any(o.size <= 0 for o in objects):  # listings without sizes (HTTP): ask each object
         with ThreadPoolExecutor(min(_MAX_FOOTER_THREADS, len(objects))) as pool:
             objects = list(pool.map(lambda o: o if o.size > 0 else store.info(o.path), objects))
-    parts = [_hive_partition(PurePosixPath(o.path), None if root is None else
-                             PurePosixPath(root)) for o in objects]
+    # URLs of HTTP listings arrive percent-encoded ('part%3D0'): decode them once first.
+    plain = unquote if store.protocol in ("http", "https") else str
+    parts = [_hive_partition(PurePosixPath(plain(o.path)), None if root is None else
+                             PurePosixPath(plain(root))) for o in objects]
     if manifest_obj is not None and root is not None:
         url = store.url(manifest_obj.path)
         text = bytes(store.read(manifest_obj.path, 0, manifest_obj.size)).decode("utf-8",
