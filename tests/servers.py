@@ -37,7 +37,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
     "MotoS3",
@@ -77,6 +77,9 @@ def free_port() -> int:
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+_P = TypeVar("_P", bound="_Processes")
 
 
 class _Processes:
@@ -144,7 +147,7 @@ class _Processes:
         shutil.rmtree(self.dir, ignore_errors=True)
         atexit.unregister(self.close)
 
-    def __enter__(self) -> _Processes:
+    def __enter__(self: _P) -> _P:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -535,7 +538,8 @@ def _serve(kind: str, arg: str | None) -> Iterator[str]:
 
 if __name__ == "__main__":
     started = time.perf_counter()
-    with _serve(sys.argv[1] if len(sys.argv) > 1 else "", (sys.argv[2:] or [None])[0]) as info:
+    args = [*sys.argv[1:], "", ""]
+    with _serve(args[0], args[1] or None) as info:
         print(f"up in {time.perf_counter() - started:.1f} s: {info}  (Ctrl-C stops)", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()

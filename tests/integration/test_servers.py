@@ -193,7 +193,7 @@ def test_proxy_passes_signed_requests(s3_server: servers.S3Server, s3_proxy: Any
 
 @pytest.mark.parametrize("faults", [{"drop_fraction": 1.0}, {"rate_per_s": 0},
                                     {"latency_ms": -1}])
-def test_proxy_rejects_bad_faults(moto_s3: servers.MotoS3, faults: dict[str, float]) -> None:
+def test_proxy_rejects_bad_faults(moto_s3: servers.MotoS3, faults: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=next(iter(faults))):
         servers.S3FaultProxy(moto_s3, **faults)
 
