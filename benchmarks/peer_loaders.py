@@ -262,10 +262,12 @@ def _lance_convert(w: Workload, out: Path) -> None:
 
 
 def lance(w: Workload) -> Iterator[dict[str, Any]]:
-    """``lance.torch.data.LanceDataset`` over the converted dataset, shuffled (its batch order:
-    Lance has no row-level shuffle), iterated in this process (Lance is not fork-safe); a
-    list column is padded from its Arrow offsets in ``to_tensor_fn``."""
+    """``lance.torch.data.LanceDataset`` over the converted dataset, shuffled by its
+    ``ShardedBatchSampler(randomize=True)``: batch order only, the rows of a batch stay
+    contiguous (Lance has no row-level shuffle). Iterated in this process (Lance is not
+    fork-safe); a list column is padded from its Arrow offsets in ``to_tensor_fn``."""
     import torch
+    from lance.sampler import ShardedBatchSampler
     from lance.torch.data import LanceDataset
 
     column = w.list_column
@@ -279,8 +281,9 @@ def lance(w: Workload) -> Iterator[dict[str, Any]]:
                                                      torch.from_numpy(lengths))
         return out
 
-    yield from LanceDataset(str(w.out / "lance"), batch_size=w.batch_size, shuffle=True,
-                            seed=w.seed, to_tensor_fn=to_tensors)
+    sampler = ShardedBatchSampler(rank=0, world_size=1, randomize=True, seed=w.seed)
+    yield from LanceDataset(str(w.out / "lance"), batch_size=w.batch_size, sampler=sampler,
+                            to_tensor_fn=to_tensors)
 
 
 LOADERS = {"hf-map": hf_map, "hf-map-batched": hf_map_batched, "hf-stream": hf_stream,
