@@ -241,6 +241,7 @@ class Store:
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
         self._user_fs = filesystem  # a pre-built fsspec or pyarrow.fs filesystem, or None
+        self._user_pid = os.getpid()  # where it was built
         self._reset()
 
     def _reset(self) -> None:
@@ -279,8 +280,16 @@ class Store:
         return self._fs
 
     def _make(self) -> Any:
-        if self._user_fs is not None:
-            return _ArrowFs(self._user_fs) if _is_arrow_fs(self._user_fs) else self._user_fs
+        user = self._user_fs
+        if user is not None:
+            if _is_arrow_fs(user):
+                return _ArrowFs(user)
+            if self._pid != self._user_pid and hasattr(user, "storage_args"):
+                # An fsspec filesystem built in another process (before a fork): make a
+                # fresh one from its arguments, as its event loop and sessions are not ours.
+                user = type(user)(*user.storage_args,
+                                  **{**user.storage_options, "skip_instance_cache": True})
+            return user
         try:
             import fsspec
         except ImportError as exc:  # pragma: no cover - fsspec comes with the remote extras

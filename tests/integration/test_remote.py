@@ -163,3 +163,24 @@ def test_cache_command_line(moto_s3: object, local_dataset: Path, tmp_path: Path
     assert all(f in listing for f in ds.files)
     assert cli(["cache", "clear", str(cache_dir)]) == 0
     assert pqloader.Cache(cache_dir).usage() == 0
+
+
+@pytest.mark.parametrize("kind", ["fsspec", "pyarrow"])
+def test_a_ready_filesystem(moto_s3: object, local_dataset: Path, kind: str) -> None:
+    url = moto_s3.upload_dir(local_dataset)  # type: ignore[attr-defined]
+    options = moto_s3.storage_options  # type: ignore[attr-defined]
+    if kind == "fsspec":
+        import s3fs
+
+        fs = s3fs.S3FileSystem(**options)
+    else:
+        from pyarrow import fs as pafs
+
+        fs = pafs.S3FileSystem(access_key=options["key"], secret_key=options["secret"],
+                               endpoint_override=options["client_kwargs"]["endpoint_url"],
+                               region="us-east-1", scheme="http")
+    ds = pqloader.ParquetDataset(url.removeprefix("s3://"), filesystem=fs)
+    assert len(ds) == ROWS
+    # process workers are forked: each must build its own filesystem, not reuse the parent's
+    _exactly_once(_ids(pqloader.DataLoader(ds, batch_size=512, shuffle=True, num_workers=2,
+                                           worker_type="process")))
