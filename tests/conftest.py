@@ -94,7 +94,7 @@ def moto_s3() -> Iterator[servers.MotoS3]:
 
 @pytest.fixture(scope="session")
 def rgw_s3() -> Iterator[servers.RadosGateway]:
-    """Ceph's RADOS Gateway (a real S3) on a throwaway one-OSD cluster; ~15-20 s to start.
+    """Ceph's RADOS Gateway (a real S3) on a throwaway one-OSD cluster; ~3 s to start.
 
     Same interface as ``moto_s3``. Skipped where the Ceph packages are absent.
     """
