@@ -192,9 +192,15 @@ class _RangeFile(io.RawIOBase):
         pos = self._pos
         n = self._size - pos if n is None or n < 0 else min(n, self._size - pos)
         self._pos = pos + n
-        for (off, length), data in self._chunks:
-            if off <= pos and pos + n <= off + length:
-                return memoryview(data)[pos - off:pos - off + n]
+        end = pos + n
+        parts = []
+        at = pos
+        for (off, length), data in self._chunks:  # sorted; pyarrow may read several at once
+            if off <= at < off + length:
+                parts.append(memoryview(data)[at - off:min(end, off + length) - off])
+                at = min(end, off + length)
+                if at == end:
+                    return parts[0] if len(parts) == 1 else b"".join(parts)
         fetched: Buffer = self._fetch(pos, n)
         return fetched
 

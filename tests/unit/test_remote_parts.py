@@ -228,6 +228,9 @@ def test_memory_url_every_row_once_and_warm_cache_makes_no_requests(
 def test_memory_projection_fetches_only_the_projected_columns(memory_dataset: str) -> None:
     full = pqloader.ParquetDataset(memory_dataset)
     list(pqloader.DataLoader(full, batch_size=5000, num_workers=0))
+    stored = sum(fsspec.filesystem("memory").du(memory_dataset, total=False).values())
+    tails = len(full.files) * (64 << 10)  # each footer comes with its file's last 64 KiB
+    assert full.io_stats()["bytes"] <= stored + tails  # no column chunk fetched twice
     one = pqloader.ParquetDataset(memory_dataset, columns=["x"])
     list(pqloader.DataLoader(one, batch_size=5000, num_workers=0))
     assert one.io_stats()["bytes"] < full.io_stats()["bytes"] / 2
