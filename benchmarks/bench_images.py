@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -168,6 +169,13 @@ class FlipCrop:
 
 
 # -- the methods, each run in a child process -------------------------------------------------
+def _cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (worker processes), all threads."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _tasks(path: Path) -> list[tuple[str, int]]:
     return [(str(f), i) for f in sorted(path.glob("*.parquet"))
             for i in range(pq.read_metadata(f).num_row_groups)]
@@ -198,15 +206,17 @@ def run_floor(path: Path, args: argparse.Namespace, kind: str) -> dict[str, Any]
     from concurrent.futures import ThreadPoolExecutor
 
     tasks = _tasks(path)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     if kind == "threads":
         with ThreadPoolExecutor(CORES) as pool:
             done = list(pool.map(_decode_row_group, tasks))
     else:
-        with multiprocessing.get_context("fork").Pool(CORES) as pool:
-            done = list(pool.imap_unordered(_decode_row_group, tasks))
+        pool = multiprocessing.get_context("fork").Pool(CORES)
+        done = list(pool.imap_unordered(_decode_row_group, tasks))
+        pool.close()
+        pool.join()  # reaped: their CPU time counts in RUSAGE_CHILDREN
     seconds = time.perf_counter() - t0
-    return {"rows": sum(r for r, _ in done), "seconds": seconds,
+    return {"rows": sum(r for r, _ in done), "seconds": seconds, "cpu_s": _cpu_s() - cpu0,
             "label_sum": sum(s for _, s in done)}
 
 
@@ -254,7 +264,8 @@ def run_naive(path: Path, args: argparse.Namespace, num_workers: int) -> dict[st
         if images.shape != (len(labels), 3, CROP, CROP) or images.dtype != torch.uint8:
             sys.exit(f"naive batch is {images.dtype} {tuple(images.shape)}")
         rows += len(labels)
-    return {"rows": rows, "seconds": time.perf_counter() - t0, "load_s": load_s}
+    seconds = time.perf_counter() - t0
+    return {"rows": rows, "seconds": seconds, "load_s": load_s}
 
 
 def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int,
@@ -264,7 +275,7 @@ def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int,
 
     import pqloader
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     ds = pqloader.ParquetDataset(path)
     loader = pqloader.DataLoader(ds, batch_size=args.batch_size, shuffle=True, seed=SEED,
                                  num_workers=num_workers, worker_type=worker_type,
@@ -278,9 +289,11 @@ def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int,
         label_sum += int(labels.sum())
         corner_sum += int(images[:, :, 0, 0].sum())
     seconds = time.perf_counter() - t0
+    del loader  # process workers exit and are reaped: their CPU time counts
     if rows != len(ds):
         sys.exit(f"delivered {rows:,} rows; the dataset has {len(ds):,}")
-    return {"rows": rows, "seconds": seconds, "label_sum": label_sum, "corner_sum": corner_sum}
+    return {"rows": rows, "seconds": seconds, "cpu_s": _cpu_s() - cpu0, "label_sum": label_sum,
+            "corner_sum": corner_sum}
 
 
 CHILDREN = {
@@ -301,6 +314,9 @@ def run_child(method: str, path: Path, args: argparse.Namespace) -> dict[str, An
         "--naive-batches", str(args.naive_batches)])
     if "error" not in result:
         result["images_per_s"] = result["rows"] / max(result["seconds"], 1e-9)
+        if "cpu_s" in result:  # CPU per image and cores busy: less noisy than the rate
+            result["cpu_us_per_image"] = result["cpu_s"] / max(result["rows"], 1) * 1e6
+            result["cores_busy"] = result["cpu_s"] / max(result["seconds"], 1e-9)
     return result
 
 
@@ -324,6 +340,9 @@ def summarise(runs: dict[str, list[dict[str, Any]]], rows: int) -> dict[str, Any
             s.update(images_per_s=statistics.median(r["images_per_s"] for r in ok),
                      peak_rss_mib=round(statistics.median(r["peak_rss_mib"] for r in ok)),
                      peak_pss_mib=round(statistics.median(r["peak_pss_mib"] for r in ok)))
+            if "cpu_s" in ok[0]:
+                s.update(cpu_us_per_image=statistics.median(r["cpu_us_per_image"] for r in ok),
+                         cores_busy=statistics.median(r["cores_busy"] for r in ok))
             if "load_s" in ok[0]:
                 s["load_s"] = statistics.median(r["load_s"] for r in ok)
             elif any(r["rows"] != rows for r in ok):
@@ -353,23 +372,28 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\nimage batches: {args.rows:,} rows of {SIZE}x{SIZE} RGB JPEG (quality {QUALITY}) + "
           f"int64 label, {args.files} files, {args.row_group_size:,}-row groups; decode + random "
           f"flip + random {CROP}x{CROP} crop, batch {args.batch_size}; median of {args.repeats}")
-    print(f"{'method':<18}{'images/s':>10}{'x floor':>9}{'x naive':>9}"
-          f"{'peak RSS MiB':>14}{'peak PSS MiB':>14}")
+    print(f"{'method':<18}{'images/s':>10}{'x floor':>9}{'x naive':>9}{'CPU us/img':>12}"
+          f"{'cores':>7}{'peak RSS MiB':>14}{'peak PSS MiB':>14}")
     for method, s in summary.items():
         if "images_per_s" not in s:
             print(f"{method:<18}  FAILED: {s['errors'][0]}")
             continue
         star = "*" if method.startswith("naive") else ""
+        cpu = f"{s['cpu_us_per_image']:.1f}" if "cpu_us_per_image" in s else "-"
+        cores = f"{s['cores_busy']:.2f}" if "cores_busy" in s else "-"
         print(f"{method + star:<18}{s['images_per_s']:>10,.0f}{ratio(s['x_floor']):>9}"
-              f"{ratio(s['x_best_naive']):>9}{s['peak_rss_mib']:>14,}{s['peak_pss_mib']:>14,}")
+              f"{ratio(s['x_best_naive']):>9}{cpu:>12}{cores:>7}{s['peak_rss_mib']:>14,}"
+              f"{s['peak_pss_mib']:>14,}")
     if any(m.startswith("naive") for m in summary):
         loads = ", ".join(f"{m} {s['load_s']:.1f} s" for m, s in summary.items() if "load_s" in s)
         print(f"* naive: images/s over {args.naive_batches} batches after the first; the load "
               f"(pd.read_parquet) and the first batch are not counted ({loads})")
     print(f"floor: simplejpeg decode alone on {CORES} threads / processes, file order, no "
           "augmentation; x floor is against the faster. pqloader: shuffled, every row, timed "
-          "from opening the dataset. Peak memory of the process tree, median of the runs' "
-          "peaks: RSS counts shared pages once per process, PSS splits them.")
+          "from opening the dataset. CPU us/img and cores: CPU time of the process and its "
+          "workers (getrusage) per image and per second of the run. Peak memory of the process "
+          "tree, median of the runs' peaks: RSS counts shared pages once per process, PSS "
+          "splits them.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
