@@ -18,6 +18,8 @@ an int64 label tensor. The metric is images per second. All methods decode with 
   with 0 workers, 2 worker threads and 2 worker processes; a whole epoch, timed from opening
   the dataset. The transform receives the batch dict (the image column as ``list[bytes]``) and a
   seeded numpy Generator.
+- pqloader-w2-decode (only when named in ``--methods``): pqloader-w2 with a transform that
+  decodes alone, as the floor does: the gap to the floor without the augmentation.
 
 Each method runs in a fresh child process (this script with ``--child METHOD``); the parent
 samples the memory of the child's process tree every 20 ms. Methods are interleaved across
@@ -49,6 +51,9 @@ import pyarrow.parquet as pq
 
 METHODS = ("floor-threads", "floor-procs", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2",
            "pqloader-w2-proc")
+# A diagnostic, run only when named in --methods: pqloader-w2 with a transform that decodes alone
+# (no flip, no crop, NHWC batch), to split pqloader's gap into loading and augmenting.
+EXTRA_METHODS = ("pqloader-w2-decode",)
 SEED = 0
 SIZE, CROP = 64, 56  # stored images are SIZE x SIZE RGB; every method crops CROP x CROP
 QUALITY = 90
@@ -168,6 +173,22 @@ class FlipCrop:
         return batch
 
 
+class DecodeOnly:
+    """``transform(batch)``: the floor's work in pqloader: every JPEG decoded into one
+    ``[B, SIZE, SIZE, 3]`` uint8 array, no augmentation (a diagnostic, not a method to copy)."""
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        decode = _decoder().decode_jpeg
+        images = batch["image"]
+        out = np.empty((len(images), SIZE, SIZE, 3), np.uint8)
+        for data, dst in zip(images, out, strict=True):
+            decode(data, colorspace="RGB", buffer=dst)
+        batch["image"] = torch.from_numpy(out).permute(0, 3, 1, 2)
+        return batch
+
+
 # -- the methods, each run in a child process -------------------------------------------------
 def _cpu_s() -> float:
     """CPU seconds of this process and its reaped children (worker processes), all threads."""
@@ -269,7 +290,7 @@ def run_naive(path: Path, args: argparse.Namespace, num_workers: int) -> dict[st
 
 
 def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int,
-                 worker_type: str = "thread") -> dict[str, Any]:
+                 worker_type: str = "thread", augment: bool = True) -> dict[str, Any]:
     """pqloader's DataLoader, shuffled, every batch consumed; the dataset's opening is timed."""
     import torch
 
@@ -279,11 +300,12 @@ def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int,
     ds = pqloader.ParquetDataset(path)
     loader = pqloader.DataLoader(ds, batch_size=args.batch_size, shuffle=True, seed=SEED,
                                  num_workers=num_workers, worker_type=worker_type,
-                                 transform=FlipCrop("image"))
+                                 transform=FlipCrop("image") if augment else DecodeOnly())
+    side = CROP if augment else SIZE
     rows = label_sum = corner_sum = 0
     for batch in loader:
         images, labels = batch["image"], batch["label"]
-        if images.shape != (len(labels), 3, CROP, CROP) or images.dtype != torch.uint8:
+        if images.shape != (len(labels), 3, side, side) or images.dtype != torch.uint8:
             sys.exit(f"pqloader batch is {images.dtype} {tuple(images.shape)}")
         rows += len(labels)
         label_sum += int(labels.sum())
@@ -304,6 +326,7 @@ CHILDREN = {
     "pqloader-w0": lambda p, a: run_pqloader(p, a, 0),
     "pqloader-w2": lambda p, a: run_pqloader(p, a, 2),
     "pqloader-w2-proc": lambda p, a: run_pqloader(p, a, 2, "process"),
+    "pqloader-w2-decode": lambda p, a: run_pqloader(p, a, 2, augment=False),
 }
 
 
@@ -405,20 +428,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3, help="runs per method; medians reported")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of "
-                   + ", ".join(METHODS))
+                   + ", ".join(METHODS + EXTRA_METHODS))
     p.add_argument("--data", type=Path, help="dataset folder, reused when it holds the same "
                    "rows, files and row groups (default: one under the temp dir)")
     p.add_argument("--tiny", action="store_true",
                    help="6k rows, 2 files, 1000-row groups, 1 repeat: a smoke run")
     p.add_argument("--naive-batches", type=int, default=40, help=argparse.SUPPRESS)
-    p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=METHODS + EXTRA_METHODS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tiny:
         args.rows, args.files, args.row_group_size, args.repeats = 6_000, 2, 1_000, 1
         args.naive_batches = min(args.naive_batches, 5)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if unknown := sorted(set(args.methods) - set(METHODS)):
-        p.error(f"unknown methods {unknown}; choose among {', '.join(METHODS)}")
+    if unknown := sorted(set(args.methods) - set(METHODS + EXTRA_METHODS)):
+        p.error(f"unknown methods {unknown}; choose among {', '.join(METHODS + EXTRA_METHODS)}")
     if args.data is None:
         args.data = Path(tempfile.gettempdir()) / (
             f"pqloader-bench-images-{args.rows}x{args.files}-{args.row_group_size}")
