@@ -379,11 +379,27 @@ def summarise(runs: dict[str, list[dict[str, Any]]], rows: int) -> dict[str, Any
               if m.startswith("floor") and "images_per_s" in s]
     naive = [s["images_per_s"] for m, s in out.items()
              if m.startswith("naive") and "images_per_s" in s]
+    floor_runs = [f["runs"] for m, f in out.items() if m.startswith("floor")]
     for s in out.values():
         if "images_per_s" in s:
             s["x_floor"] = s["images_per_s"] / max(floors) if floors else None
             s["x_best_naive"] = s["images_per_s"] / max(naive) if naive else None
+            s["x_floor_paired"] = _paired(s["runs"], floor_runs)
     return out
+
+
+def _paired(runs: list[dict[str, Any]], floor_runs: list[list[dict[str, Any]]]) -> float | None:
+    """The median over rounds of the rate / the faster floor's rate in the same round.
+
+    Runs of one round are minutes apart, so on a shared machine they see a similar load:
+    this ratio is steadier than the ratio of the medians.
+    """
+    ratios = []
+    for i, r in enumerate(runs):
+        floors = [f[i]["images_per_s"] for f in floor_runs if i < len(f) and "images_per_s" in f[i]]
+        if "images_per_s" in r and floors:
+            ratios.append(r["images_per_s"] / max(floors))
+    return statistics.median(ratios) if ratios else None
 
 
 def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
@@ -395,8 +411,8 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\nimage batches: {args.rows:,} rows of {SIZE}x{SIZE} RGB JPEG (quality {QUALITY}) + "
           f"int64 label, {args.files} files, {args.row_group_size:,}-row groups; decode + random "
           f"flip + random {CROP}x{CROP} crop, batch {args.batch_size}; median of {args.repeats}")
-    print(f"{'method':<18}{'images/s':>10}{'x floor':>9}{'x naive':>9}{'CPU us/img':>12}"
-          f"{'cores':>7}{'peak RSS MiB':>14}{'peak PSS MiB':>14}")
+    print(f"{'method':<18}{'images/s':>10}{'x floor':>9}{'paired':>8}{'x naive':>9}"
+          f"{'CPU us/img':>12}{'cores':>7}{'peak RSS MiB':>14}{'peak PSS MiB':>14}")
     for method, s in summary.items():
         if "images_per_s" not in s:
             print(f"{method:<18}  FAILED: {s['errors'][0]}")
@@ -405,14 +421,15 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
         cpu = f"{s['cpu_us_per_image']:.1f}" if "cpu_us_per_image" in s else "-"
         cores = f"{s['cores_busy']:.2f}" if "cores_busy" in s else "-"
         print(f"{method + star:<18}{s['images_per_s']:>10,.0f}{ratio(s['x_floor']):>9}"
-              f"{ratio(s['x_best_naive']):>9}{cpu:>12}{cores:>7}{s['peak_rss_mib']:>14,}"
+              f"{ratio(s['x_floor_paired']):>8}{ratio(s['x_best_naive']):>9}{cpu:>12}{cores:>7}{s['peak_rss_mib']:>14,}"
               f"{s['peak_pss_mib']:>14,}")
     if any(m.startswith("naive") for m in summary):
         loads = ", ".join(f"{m} {s['load_s']:.1f} s" for m, s in summary.items() if "load_s" in s)
         print(f"* naive: images/s over {args.naive_batches} batches after the first; the load "
               f"(pd.read_parquet) and the first batch are not counted ({loads})")
     print(f"floor: simplejpeg decode alone on {CORES} threads / processes, file order, no "
-          "augmentation; x floor is against the faster. pqloader: shuffled, every row, timed "
+          "augmentation; x floor is against the faster; paired: the median over rounds of the "
+          "ratio to the faster floor of the same round. pqloader: shuffled, every row, timed "
           "from opening the dataset. CPU us/img and cores: CPU time of the process and its "
           "workers (getrusage) per image and per second of the run. Peak memory of the process "
           "tree, median of the runs' peaks: RSS counts shared pages once per process, PSS "
