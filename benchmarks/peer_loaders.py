@@ -15,7 +15,7 @@ import json
 import sys
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,7 +107,7 @@ def _hf_dataset(w: Workload) -> Any:
                         cache_dir=str(w.out / "hf-cache"))
 
 
-def hf_map(w: Workload) -> Iterator[dict[str, Any]]:
+def hf_map(w: Workload) -> Generator[dict[str, Any], None, None]:
     """The documented way: ``with_format("torch")`` + torch's DataLoader, shuffled. The loader
     fetches each batch with ``__getitems__`` and collates it sample by sample."""
     ds = _hf_dataset(w).with_format("torch")
@@ -115,7 +115,7 @@ def hf_map(w: Workload) -> Iterator[dict[str, Any]]:
                              collate_fn=collate_samples(w.list_column))
 
 
-def hf_map_batched(w: Workload) -> Iterator[dict[str, Any]]:
+def hf_map_batched(w: Workload) -> Generator[dict[str, Any], None, None]:
     """The fastest map-style way we know: the sampler yields whole batches of indices, so each
     fetch is one ``ds[indices]`` (columnar) and nothing is collated sample by sample."""
     import torch
@@ -134,7 +134,7 @@ def hf_map_batched(w: Workload) -> Iterator[dict[str, Any]]:
     yield from _torch_loader(ds, w, batch_size=None, sampler=sampler, collate_fn=collate)
 
 
-def hf_stream(w: Workload) -> Iterator[dict[str, Any]]:
+def hf_stream(w: Workload) -> Generator[dict[str, Any], None, None]:
     """``streaming=True`` with a shuffle buffer of ``buffer_rows`` (and shard order shuffled)."""
     from datasets import load_dataset
 
@@ -145,7 +145,7 @@ def hf_stream(w: Workload) -> Iterator[dict[str, Any]]:
 
 
 # -- Petastorm ----------------------------------------------------------------------------------
-def petastorm(w: Workload) -> Iterator[dict[str, Any]]:
+def petastorm(w: Workload) -> Generator[dict[str, Any], None, None]:
     """``make_batch_reader`` (row groups shuffled, 2 reader threads) and Petastorm's torch
     loader with a shuffling queue: ``BatchedDataLoader`` for scalar columns; ragged lists need
     the per-row ``DataLoader`` with a padding collate_fn."""
@@ -207,7 +207,7 @@ def _mds_convert(w: Workload, out: Path) -> None:
                                       "label": int(y)})
 
 
-def mosaic(w: Workload) -> Iterator[dict[str, Any]]:
+def mosaic(w: Workload) -> Generator[dict[str, Any], None, None]:
     """``StreamingDataset`` over the local MDS shards, shuffled (its default py1e block
     shuffle), fed to torch's DataLoader."""
     base = _streaming()
@@ -221,7 +221,7 @@ def mosaic(w: Workload) -> Iterator[dict[str, Any]]:
 
 
 # -- Ray Data -----------------------------------------------------------------------------------
-def ray(w: Workload) -> Iterator[dict[str, Any]]:
+def ray(w: Workload) -> Generator[dict[str, Any], None, None]:
     """``read_parquet`` + ``iter_torch_batches`` with a local shuffle buffer; for a ragged list
     column, a collate_fn that pads with numpy (tensors cannot be ragged)."""
     import ray as ray_
@@ -261,7 +261,7 @@ def _lance_convert(w: Workload, out: Path) -> None:
     lance.write_dataset(pads.dataset(w.files, format="parquet").scanner().to_reader(), str(out))
 
 
-def lance(w: Workload) -> Iterator[dict[str, Any]]:
+def lance(w: Workload) -> Generator[dict[str, Any], None, None]:
     """``lance.torch.data.LanceDataset`` over the converted dataset, shuffled by its
     ``ShardedBatchSampler(randomize=True)``: batch order only, the rows of a batch stay
     contiguous (Lance has no row-level shuffle). Iterated in this process (Lance is not
@@ -311,16 +311,15 @@ def prepare(method: str, w: Workload) -> dict[str, Any]:
     return {**info, "reused": False}
 
 
-def measure(method: str, w: Workload, consume: Any, seconds: float) -> dict[str, Any]:
+def measure(method: str, w: Workload, consume: Callable[[dict[str, Any]], dict[str, int]],
+            seconds: float) -> dict[str, Any]:
     """Iterate ``method``'s batches; the first batch (start-up) is not timed; stop at the end
     of the epoch or after ``seconds``. ``consume(batch)`` returns a dict of counts to add."""
     t0 = time.perf_counter()
     batches = LOADERS[method](w)
     first = next(batches)
     start_s = time.perf_counter() - t0
-    totals: dict[str, int] = {}
-    for k, v in consume(first).items():
-        totals[k] = v
+    totals = consume(first)
     n, epoch = 0, True
     t0 = time.perf_counter()
     for batch in batches:

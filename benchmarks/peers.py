@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,7 @@ class Peer:
     packages: tuple[str, ...]
     pins: tuple[str, ...] = ()  # constraints on top of torch's, for every install
     no_deps: tuple[str, ...] = ()  # installed last with --no-deps (their deps listed above)
-    note: str = ""
-    check: str = field(default="")  # a python statement that must run once installed
+    check: str = ""  # a python statement that must run once installed
 
 
 PEERS = {
@@ -46,7 +45,7 @@ PEERS = {
     # __init__ instead. Its cloud SDKs (boto3, google, azure, oci, paramiko) are imported lazily.
     "mosaic": Peer(("numpy<2.2", "pyarrow", "Brotli", "python-snappy", "xxhash", "zstd", "tqdm",
                     "catalogue", "filelock", "pillow", "transformers<5"),
-                   no_deps=("mosaicml-streaming",), note="installed --no-deps, no torchvision"),
+                   no_deps=("mosaicml-streaming",)),
     "ray": Peer(("ray[data]", "pydantic", "pyarrow", "numpy", "pandas"), check="import ray.data"),
     "lance": Peer(("pylance", "pyarrow", "numpy"), check="import lance.torch.data"),
 }
