@@ -20,6 +20,7 @@ medians and ratios, then one ``RESULT {json}`` line holds every number.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import statistics
@@ -175,7 +176,7 @@ CHILDREN = {
     "pqloader-w0": lambda p, a: run_pqloader(p, a, 0),
     "pqloader-w2": lambda p, a: run_pqloader(p, a, 2),
     "pqloader-w2-proc": lambda p, a: run_pqloader(p, a, 2, "process"),
-    **{m: lambda p, a, m=m: run_peer(p, a, m) for m in PEER_METHODS},
+    **{m: functools.partial(run_peer, method=m) for m in PEER_METHODS},
 }
 
 

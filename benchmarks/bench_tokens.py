@@ -33,6 +33,7 @@ epoch, its token and label sums must match the floor's.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import statistics
@@ -240,7 +241,7 @@ CHILDREN = {
     "naive-w2": lambda p, a: run_naive(p, a, 2),
     "pqloader-w0": lambda p, a: run_pqloader(p, a, 0),
     "pqloader-w2": lambda p, a: run_pqloader(p, a, 2),
-    **{m: lambda p, a, m=m: run_peer(p, a, m) for m in PEER_METHODS},
+    **{m: functools.partial(run_peer, method=m) for m in PEER_METHODS},
 }
 
 
