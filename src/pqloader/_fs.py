@@ -440,7 +440,7 @@ def _defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     if protocol in ("s3", "s3a"):
         options.setdefault("retries", 1)
         config = dict(options.get("config_kwargs") or {})
-        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})  # no retry
         config.setdefault("connect_timeout", 10)
         config.setdefault("read_timeout", 60)
         options["config_kwargs"] = config
