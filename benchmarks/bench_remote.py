@@ -129,10 +129,9 @@ def main(argv: list[str] | None = None) -> int:
 
     summary: dict[str, Any] = {}
     for method, results in runs.items():
-        ok = [r for r in results if "error" in r] == [] and results
-        summary[method] = {"runs": results, "errors": [r["error"] for r in results
-                                                       if "error" in r]}
-        if ok:
+        errors = [r["error"] for r in results if "error" in r]
+        summary[method] = {"runs": results, "errors": errors}
+        if results and not errors:
             summary[method].update(
                 rows_per_s=statistics.median(r["rows_per_s"] for r in results),
                 requests=statistics.median(r["io"].get("requests", 0) for r in results),

@@ -19,8 +19,8 @@ from ._errors import (
     SchemaMismatchError,
     StateMismatchError,
 )
-from ._fs import RetryPolicy
 from ._loader import DataLoader
+from ._retry import RetryPolicy
 from ._torch import TorchIterable
 from ._write import write_dataset
 

@@ -14,8 +14,9 @@ import pyarrow as pa
 from ._cache import Cache
 from ._discover import Discovery, discover, read_footers
 from ._errors import InvalidArgumentError
-from ._fs import RetryPolicy, make_store
+from ._fs import make_store
 from ._read import FragmentReader
+from ._retry import RetryPolicy
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq

@@ -14,10 +14,8 @@ throttle is counted in :class:`IOStats`.
 
 from __future__ import annotations
 
-import errno
 import os
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,18 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
+from ._retry import Limiter, RetryPolicy, classify, with_timeout
 
 Range = tuple[int, int]  # (offset, length)
 
 # Extras that provide each protocol, for the install hint when one is missing.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
            "abfss": "azure", "adl": "azure", "http": "http", "https": "http"}
-_THROTTLED = re.compile(r"\b(503|429)\b|SlowDown|Throttl|TooManyRequests|Too Many Requests|"
-                        r"RequestLimitExceeded|Reduce your request rate", re.IGNORECASE)
-_TRANSIENT = re.compile(r"\b(500|502|504)\b|InternalError|ServiceUnavailable|Connection "
-                        r"(reset|aborted|refused|closed)|Server disconnected|timed? ?out|"
-                        r"RemoteDisconnected|IncompleteRead|ClientPayloadError|"
-                        r"ServerDisconnectedError|Broken pipe", re.IGNORECASE)
 
 
 def split_url(source: str) -> tuple[str, str]:
@@ -103,107 +96,6 @@ class IOStats:
     def as_dict(self) -> dict[str, int]:
         with self._lock:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
-
-
-# -- retries and adaptive concurrency -------------------------------------------------------
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How pqloader retries a request; see :class:`Store`."""
-
-    attempts: int = 10  # tries in all, the first included
-    base_delay_s: float = 0.05  # backoff before retry k: uniform(0, min(max, base * 2**k))
-    max_delay_s: float = 5.0
-    timeout_s: float = 60.0  # per request; a request slower than this is retried
-    max_concurrency: int = 32  # requests in flight per process, at most
-    part_bytes: int = 8 << 20  # ranges larger than this are fetched in parallel parts
-    hole_bytes: int = 64 << 10  # ranges closer than this are fetched as one
-
-    def __post_init__(self) -> None:
-        for name in ("attempts", "max_concurrency", "part_bytes"):
-            if getattr(self, name) < 1:
-                raise InvalidArgumentError(f"RetryPolicy {name} must be >= 1")
-
-
-def classify(exc: BaseException) -> str:
-    """``"throttled"``, ``"transient"`` (retry) or ``"fatal"`` (403, 404, bad request...)."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
-                        NotADirectoryError, InvalidArgumentError)):
-        return "fatal"
-    status = _status(exc)
-    if status in (429, 503):
-        return "throttled"
-    if status is not None and status >= 500:
-        return "transient"
-    if status is not None and 400 <= status < 500 and status != 408:
-        return "fatal"
-    text = " ".join(f"{type(e).__name__}: {e}" for e in _chain(exc))
-    if _THROTTLED.search(text):
-        return "throttled"
-    if isinstance(exc, (ConnectionError, TimeoutError)) or _TRANSIENT.search(text):
-        return "transient"
-    if isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.ETIMEDOUT,
-                                                   errno.EPIPE, errno.EAGAIN, errno.EIO):
-        return "transient"
-    return "fatal"
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    e: BaseException | None = exc
-    while e is not None and e not in seen and len(seen) < 8:
-        seen.append(e)
-        e = e.__cause__ or e.__context__
-    return seen
-
-
-def _status(exc: BaseException) -> int | None:
-    """The HTTP status in an exception chain: aiohttp's ``status``, botocore's response."""
-    for e in _chain(exc):
-        status = getattr(e, "status", None) or getattr(e, "code", None)
-        if isinstance(status, int) and 100 <= status < 600:
-            return status
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):
-            code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if isinstance(code, int):
-                return code
-    return None
-
-
-class Limiter:
-    """Additive-increase, multiplicative-decrease cap on requests in flight."""
-
-    def __init__(self, maximum: int) -> None:
-        self.maximum = maximum
-        self.limit = max(1, min(8, maximum))
-        self._in_flight = 0
-        self._ok = 0
-        self._cond = threading.Condition()
-
-    def __enter__(self) -> Limiter:
-        with self._cond:
-            while self._in_flight >= self.limit:
-                self._cond.wait()
-            self._in_flight += 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._in_flight -= 1
-            self._cond.notify()
-
-    def succeeded(self) -> None:
-        with self._cond:
-            self._ok += 1
-            if self._ok >= self.limit and self.limit < self.maximum:
-                self.limit += 1
-                self._ok = 0
-                self._cond.notify()
-
-    def throttled(self) -> None:
-        with self._cond:
-            self.limit = max(1, self.limit // 2)
-            self._ok = 0
 
 
 def coalesce(ranges: Sequence[Range], hole: int, part: int) -> list[Range]:
@@ -358,7 +250,7 @@ class Store:
         for attempt in range(policy.attempts):
             try:
                 with self.limiter:
-                    data = _with_timeout(fn, policy.timeout_s)
+                    data = with_timeout(fn, policy.timeout_s)
                 if expect is not None and len(data) != expect:
                     raise ConnectionError(f"short read: {len(data)} of {expect} bytes")
             except BaseException as exc:
@@ -378,29 +270,6 @@ class Store:
             self.stats.concurrency = self.limiter.limit
             return data
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
-    """``fn()`` on a helper thread, abandoned (and retried by the caller) after the timeout."""
-    if timeout_s <= 0:
-        return fn()
-    result: list[Any] = []
-    error: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:
-            error.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True, name="pqloader-request")
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise FutureTimeout(f"no answer in {timeout_s:g} s")
-    if error:
-        raise error[0]
-    return result[0]
 
 
 def _cut(fetched: dict[Range, bytes], want: Range) -> bytes:

@@ -13,7 +13,8 @@ import pytest
 
 import pqloader
 from pqloader._cache import Cache
-from pqloader._fs import Limiter, RetryPolicy, Store, classify, coalesce
+from pqloader._fs import Store, coalesce
+from pqloader._retry import Limiter, RetryPolicy, classify
 
 
 class _Status(Exception):
