@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -12,6 +13,7 @@ from ._errors import InvalidArgumentError, check_positive
 from ._world import World
 
 WorkerType = Literal["thread", "process"]
+MAX_AUTO_WORKERS = 8  # streams planned for num_workers="auto": one per core, at most this
 DEFAULT_WINDOW_BYTES = 64 * 2**20  # per worker: the shuffle quality / memory knob's default
 
 
@@ -76,3 +78,23 @@ class WorkerConfig:
             )
         if self.persistent_workers and self.num_workers == 0:
             raise InvalidArgumentError("persistent_workers=True needs num_workers > 0")
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_num_workers(num_workers: int | str, worker_type: str) -> tuple[int, bool]:
+    """(worker streams to plan, whether to tune the active threads online)."""
+    if num_workers != "auto":
+        return num_workers, False  # type: ignore[return-value]  # validated by WorkerConfig
+    if worker_type != "thread":
+        raise InvalidArgumentError(
+            "num_workers='auto' tunes thread workers while batches flow; with "
+            f"worker_type={worker_type!r} pass a number (`pqloader tune PATH` measures some)"
+        )
+    return min(MAX_AUTO_WORKERS, cores()), True

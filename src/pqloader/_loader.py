@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.utils.data
 
 from ._audit import AuditLog
-from ._config import LoaderConfig, WorkerConfig, WorkerType
+from ._autotune import ThreadTuner, TunerReport
+from ._config import LoaderConfig, WorkerConfig, WorkerType, resolve_num_workers
+from ._deliver import Delivery
 from ._errors import (
     InvalidArgumentError,
     LoaderTimeoutError,
@@ -27,9 +27,6 @@ from ._world import resolve_world
 
 if TYPE_CHECKING:
     from ._dataset import ParquetDataset
-
-_POLL_S = 0.1  # how often blocked threads look at the stop flag and at dead peers
-
 
 class DataLoader:
     """Batches of torch tensors from a :class:`ParquetDataset`: sharded, shuffled, exactly once.
@@ -46,6 +43,12 @@ class DataLoader:
             windows of ``shuffle_window_rows`` rows (default: about 64 MiB of decoded data).
         seed: with the epoch, fixes the order. Every rank must pass the same seed.
         num_workers: threads (default) or processes making batches; 0 makes them in the caller.
+            ``"auto"``: plans one worker stream per core (at most 8) and, while batches flow,
+            tunes how many threads advance them, from none to all, on the measured rate; the
+            batches and their order depend only on the number of streams, never on the
+            tuning. The caller makes the batches no thread has taken (all of them at zero
+            threads), so ``worker_init_fn`` and ``transform`` may run in the caller's thread.
+            :attr:`autotune` tells what it measured.
         worker_type: ``"thread"`` (pyarrow decodes without the GIL; no copy between workers) or
             ``"process"`` (torch's worker processes, for transforms that hold the GIL).
         drop_last: drop the rank's last, short batch.
@@ -70,7 +73,7 @@ class DataLoader:
         batch_size: int,
         shuffle: bool = False,
         seed: int = 0,
-        num_workers: int = 2,
+        num_workers: int | Literal["auto"] = 2,
         drop_last: bool = False,
         transform: Callable[..., Any] | None = None,
         collate_fn: Callable[..., Any] | None = None,
@@ -97,13 +100,18 @@ class DataLoader:
             shuffle_window_rows=shuffle_window_rows, transform=transform,
             collate_fn=collate_fn, world=resolve_world(rank, world_size),
         )
+        streams, autotune = resolve_num_workers(num_workers, worker_type)
         self.workers = WorkerConfig(
-            num_workers=num_workers, worker_type=worker_type, prefetch_factor=prefetch_factor,
+            num_workers=streams, worker_type=worker_type, prefetch_factor=prefetch_factor,
             pin_memory=pin_memory, timeout=timeout, worker_init_fn=worker_init_fn,
             persistent_workers=persistent_workers,
             multiprocessing_context=multiprocessing_context,
         )
         self.dataset = dataset
+        # num_workers="auto": the plan has one stream per core; the tuner picks how many
+        # threads advance them (none: the caller makes batches), from the measured rate.
+        self._tuner = ThreadTuner(streams, settle_batches=prefetch_factor * streams) \
+            if autotune else None
         self._planner = Planner(dataset, self.config, audit=audit_dir is not None)
         self._audit_dir = audit_dir
         self._audit: AuditLog | None = None
@@ -120,6 +128,12 @@ class DataLoader:
     @property
     def batch_size(self) -> int:
         return self.config.batch_size
+
+    @property
+    def autotune(self) -> TunerReport | None:
+        """With ``num_workers="auto"``: the thread count in use and the batches/s measured at
+        each count tried; else None."""
+        return None if self._tuner is None else self._tuner.report
 
     @property
     def epoch(self) -> int:
@@ -225,70 +239,25 @@ class DataLoader:
 
     def _iter_threads(self, plan: RankPlan, epoch: int, start: int) -> Iterator[Any]:
         n = self.workers.num_workers
-        stop = threading.Event()
-        queues: list[queue.Queue[tuple[str, Any]]] = [
-            queue.Queue(maxsize=self.workers.prefetch_factor) for _ in range(n)
-        ]
-
-        def put(w: int, item: tuple[str, Any]) -> bool:
-            while not stop.is_set():
-                try:
-                    queues[w].put(item, timeout=_POLL_S)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def run(w: int) -> None:
-            try:
-                if self.workers.worker_init_fn is not None:
-                    self.workers.worker_init_fn(w)
-                for batch in self._planner.batches(plan, w, epoch, start):
-                    if not put(w, ("batch", self._pin_batch(batch))):
-                        return
-                put(w, ("end", None))
-            except BaseException as exc:  # handed to the caller, who re-raises it
-                exc.add_note(f"in pqloader worker thread {w} (rank {self.config.world.rank}, "
-                             f"epoch {epoch})")
-                put(w, ("error", exc))
-
-        threads = [threading.Thread(target=run, args=(w,), name=f"pqloader-worker-{w}",
-                                    daemon=True) for w in range(n)]
-        for t in threads:
-            t.start()
+        tuner = self._tuner
+        delivery = Delivery(
+            [self._planner.batches(plan, w, epoch, start) for w in range(n)],
+            start=start, stop=plan.num_batches, depth=self.workers.prefetch_factor * n,
+            threads=n if tuner is None else tuner.threads, max_threads=n,
+            finish=self._pin_batch, caller_helps=tuner is not None,
+            worker_init_fn=self.workers.worker_init_fn, timeout_s=self.workers.timeout,
+            where=f"rank {self.config.world.rank}, epoch {epoch}",
+        )
+        if tuner is not None:
+            tuner.restart_interval()
         try:
             for k in range(start, plan.num_batches):
-                kind, item = self._get(queues[k % n], threads[k % n], k)
-                if kind == "error":
-                    raise item
-                if kind == "end":
-                    raise RuntimeError(f"pqloader worker {k % n} ended before batch {k}; "
-                                       "this is a bug in pqloader, please report it")
-                yield item
+                batch = delivery.get(k)
+                if tuner is not None and (threads := tuner.observe()) is not None:
+                    delivery.set_threads(threads)
+                yield batch
         finally:
-            stop.set()
-            # Threads see the flag within _POLL_S unless a read or transform holds them; they
-            # are daemons, so the caller (an error, a timeout) is never kept waiting for them.
-            for t in threads:
-                t.join(timeout=2 * _POLL_S)
-
-    def _get(self, q: queue.Queue[tuple[str, Any]], thread: threading.Thread,
-             k: int) -> tuple[str, Any]:
-        timeout = self.workers.timeout
-        waited = 0.0
-        while True:
-            try:
-                return q.get(timeout=_POLL_S)
-            except queue.Empty:
-                waited += _POLL_S
-                if not thread.is_alive() and q.empty():
-                    raise RuntimeError(f"pqloader worker thread {thread.name} died before "
-                                       f"batch {k}") from None
-                if timeout and waited >= timeout:
-                    raise LoaderTimeoutError(
-                        f"no batch from {thread.name} within timeout={timeout} s (batch {k}); "
-                        "raise timeout= or look for a slow file system or transform"
-                    ) from None
+            delivery.close()
 
     def _iter_processes(self, epoch: int, start: int) -> Iterator[Any]:
         loader = self._torch_loader

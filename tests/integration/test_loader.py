@@ -31,6 +31,7 @@ BATCH = 64  # 1000 = 15 * 64 + 40: the last batch is short
 THREADS = pytest.param({"num_workers": 2}, id="threads")
 PROCESSES = pytest.param({"num_workers": 2, "worker_type": "process"}, id="processes")
 INLINE = pytest.param({"num_workers": 0}, id="inline")
+AUTO = pytest.param({"num_workers": "auto"}, id="auto")
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -85,7 +86,7 @@ def flat(batches: list[list[int]]) -> list[int]:
 # -- exactly once ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("shuffle", [False, True])
-@pytest.mark.parametrize("mode", [INLINE, THREADS, PROCESSES])
+@pytest.mark.parametrize("mode", [INLINE, THREADS, PROCESSES, AUTO])
 def test_every_row_once(ds: pqloader.ParquetDataset, mode: dict[str, Any], shuffle: bool,
                         drop_last: bool) -> None:
     loader = pqloader.DataLoader(ds, batch_size=BATCH, shuffle=shuffle, drop_last=drop_last,
@@ -356,6 +357,54 @@ def test_batches_equal_across_modes_with_all_columns(ds: pqloader.ParquetDataset
                 assert torch.equal(x[key], y[key]), key
             else:
                 assert x[key] == y[key], key
+
+
+# -- num_workers="auto" ---------------------------------------------------------------------------
+def _restless(loader: pqloader.DataLoader) -> pqloader.DataLoader:
+    """Make the loader's tuner change its thread count after every batch or two."""
+    from pqloader._autotune import ThreadTuner
+
+    streams = loader.workers.num_workers
+    loader._tuner = ThreadTuner(streams, interval_s=0.0, min_batches=1, settle_batches=0,
+                                hold_intervals=1)
+    return loader
+
+
+def test_auto_tuning_changes_speed_never_batches(ds: pqloader.ParquetDataset) -> None:
+    from pqloader._config import MAX_AUTO_WORKERS, cores
+
+    kw: dict[str, Any] = {"batch_size": 16, "shuffle": True, "seed": 3, "shuffle_window_rows": 150}
+    auto = _restless(pqloader.DataLoader(ds, num_workers="auto", **kw))
+    streams = min(MAX_AUTO_WORKERS, cores())
+    assert auto.workers.num_workers == streams
+    fixed = pqloader.DataLoader(ds, num_workers=streams, **kw)
+    for epoch in (0, 1):
+        auto.set_epoch(epoch)
+        fixed.set_epoch(epoch)
+        assert ids_of(auto) == ids_of(fixed)
+    report = auto.autotune
+    assert report is not None and report.changes > 0 and 0 <= report.threads <= streams
+    assert pqloader.DataLoader(ds, batch_size=16, num_workers=2).autotune is None
+
+
+def test_auto_resumes_exactly(ds: pqloader.ParquetDataset) -> None:
+    kw: dict[str, Any] = {"batch_size": 16, "shuffle": True, "seed": 8, "num_workers": "auto"}
+    full = ids_of(_restless(pqloader.DataLoader(ds, **kw)))
+    first = _restless(pqloader.DataLoader(ds, **kw))
+    it = iter(first)
+    head = [next(it)["id"].tolist() for _ in range(21)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    second = _restless(pqloader.DataLoader(ds, **kw))
+    second.load_state_dict(state)
+    assert head + ids_of(second) == full
+
+
+def test_auto_needs_thread_workers(ds: pqloader.ParquetDataset) -> None:
+    with pytest.raises(pqloader.InvalidArgumentError, match="worker_type='process'"):
+        pqloader.DataLoader(ds, batch_size=8, num_workers="auto", worker_type="process")
+    with pytest.raises(pqloader.InvalidArgumentError, match="num_workers"):
+        pqloader.DataLoader(ds, batch_size=8, num_workers="many")  # type: ignore[arg-type]
 
 
 # -- early exit -----------------------------------------------------------------------------------

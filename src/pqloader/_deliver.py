@@ -1,0 +1,193 @@
+"""Thread delivery: a pool of threads advancing a rank's worker streams, batches in plan order.
+
+A rank's plan deals its batches round-robin to ``S`` worker *streams* (batch ``k`` is made by
+stream ``k % S``; the order depends on ``S``, never on how many threads run). Here any number of
+threads, from none to ``S``, advance those streams: each free thread takes the free stream whose
+next batch is due first, as long as it lies within ``depth`` batches of the consumer. When
+``caller_helps``, the caller, while it waits for batch ``k`` that no thread has taken, makes it
+itself (so zero threads is the caller alone). So the number of active
+threads can change at any batch (the autotuner does) without changing a single batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ._errors import LoaderTimeoutError
+
+_POLL_S = 0.1  # how often blocked threads look at the stop flag and at dead peers
+
+Item = tuple[str, Any]  # ("batch", batch) or ("error", exception)
+
+
+class Delivery:
+    """Batches ``start .. stop - 1`` of a rank, made by ``streams[k % len(streams)]``.
+
+    Args:
+        streams: stream ``s`` yields batches ``k >= start`` with ``k % S == s``, in order.
+        start, stop: the batches to deliver.
+        depth: most batches made or being made ahead of the one the caller waits for.
+        threads: how many threads may advance streams now (``set_threads`` changes it).
+        caller_helps: let the caller make a batch it waits for that no thread has taken.
+            Without it every batch is made in a thread (worker_init_fn ran there), and
+            ``threads`` must stay above 0.
+        max_threads: threads started (those above ``threads`` wait).
+        finish: applied to each batch in the thread that made it (pinning).
+        worker_init_fn: called in each thread, with its index, before its first batch.
+        timeout_s: seconds the caller waits for a batch before :class:`LoaderTimeoutError`
+            (0: forever).
+        where: describes the rank and epoch in error notes.
+    """
+
+    def __init__(self, streams: Sequence[Iterator[Any]], *, start: int, stop: int, depth: int,
+                 threads: int, max_threads: int, finish: Callable[[Any], Any],
+                 caller_helps: bool = False,
+                 worker_init_fn: Callable[[int], Any] | None = None, timeout_s: float = 0.0,
+                 where: str = "") -> None:
+        self._streams = list(streams)
+        n = len(self._streams)
+        self._next = [start + (s - start) % n for s in range(n)]  # each stream's next batch
+        self._busy = [False] * n
+        self._done: dict[int, Item] = {}
+        self._stop = stop
+        self._depth = max(1, depth)
+        self._waiting_for = start  # the batch the caller wants next
+        self._threads_wanted = max(0, min(threads, max_threads))
+        self._finish = finish
+        self._caller_helps = caller_helps
+        self._init = worker_init_fn
+        self._timeout_s = timeout_s
+        self._where = where
+        self._cv = threading.Condition()
+        self._closed = False
+        self._fatal: BaseException | None = None  # a worker_init_fn's error, for the caller
+        self._pool = [threading.Thread(target=self._run, args=(i,), daemon=True,
+                                       name=f"pqloader-worker-{i}")
+                      for i in range(max(0, max_threads))]
+        self.wait_s = 0.0  # caller time spent waiting for batches (making them included)
+        for t in self._pool:
+            t.start()
+
+    # -- control ----------------------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return self._threads_wanted
+
+    def set_threads(self, threads: int) -> None:
+        """Let ``threads`` of the started threads advance streams (0: the caller alone)."""
+        with self._cv:
+            self._threads_wanted = max(0, min(threads, len(self._pool)))
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        """Stop the threads; streams no thread is advancing are closed now (their read-ahead
+        stops), the others when their thread returns."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            idle = [s for s, busy in enumerate(self._busy) if not busy]
+        for t in self._pool:
+            t.join(timeout=2 * _POLL_S)
+        for s in idle:
+            self._streams[s].close()  # type: ignore[attr-defined]
+
+    # -- the threads ------------------------------------------------------------------------
+    def _claim(self) -> int | None:
+        """The free stream whose next batch is due first and within depth (lock held)."""
+        limit = min(self._stop, self._waiting_for + self._depth)
+        best = None
+        for s, k in enumerate(self._next):
+            if not self._busy[s] and k < limit and (best is None or k < self._next[best]):
+                best = s
+        return best
+
+    def _make(self, s: int) -> None:
+        """Advance stream ``s`` by one batch (lock not held) and post it."""
+        k = self._next[s]
+        try:
+            item: Item = ("batch", self._finish(next(self._streams[s])))
+        except StopIteration:
+            item = ("error", RuntimeError(f"pqloader worker stream {s} ended before batch {k}; "
+                                          "this is a bug in pqloader, please report it"))
+        except BaseException as exc:  # handed to the caller, who re-raises it
+            exc.add_note(f"in pqloader worker {s} ({self._where})")
+            item = ("error", exc)
+        with self._cv:
+            self._done[k] = item
+            self._next[s] = k + len(self._streams)
+            self._busy[s] = False
+            self._cv.notify_all()
+            closed = self._closed
+        if closed:  # close() skipped this stream while it was busy
+            self._streams[s].close()  # type: ignore[attr-defined]
+
+    def _run(self, index: int) -> None:
+        try:
+            if self._init is not None:
+                self._init(index)
+        except BaseException as exc:
+            exc.add_note(f"in worker_init_fn({index}) of pqloader worker thread {index}")
+            with self._cv:
+                self._fatal = self._fatal or exc
+                self._cv.notify_all()
+            return
+        while True:
+            with self._cv:
+                while True:
+                    if self._closed:
+                        return
+                    s = self._claim() if index < self._threads_wanted else None
+                    if s is not None:
+                        self._busy[s] = True
+                        break
+                    self._cv.wait(_POLL_S)
+            self._make(s)
+
+    # -- the caller -------------------------------------------------------------------------
+    def get(self, k: int) -> Any:
+        """Batch ``k`` (asked for in order), made by a thread or, if none took it, here."""
+        began = time.perf_counter()
+        waited = 0.0
+        with self._cv:
+            self._waiting_for = k
+            self._cv.notify_all()
+            while k not in self._done:
+                if self._fatal is not None:
+                    raise self._fatal
+                s = k % len(self._streams)
+                if self._caller_helps and not self._busy[s] and self._next[s] == k:
+                    self._busy[s] = True
+                    self._cv.release()
+                    try:
+                        self._make(s)
+                    finally:
+                        self._cv.acquire()
+                    continue
+                if not any(t.is_alive() for t in self._pool) and not self._busy[s]:
+                    raise RuntimeError(f"pqloader worker threads died before batch {k} "
+                                       f"({self._where})")
+                self._cv.wait(_POLL_S)
+                waited = time.perf_counter() - began
+                if self._timeout_s and waited >= self._timeout_s and k not in self._done:
+                    raise LoaderTimeoutError(
+                        f"no batch within timeout={self._timeout_s} s (batch {k}, "
+                        f"{self._where}); raise timeout= or look for a slow file system or "
+                        "transform"
+                    )
+            kind, value = self._done.pop(k)
+            self._waiting_for = k + 1
+            self._cv.notify_all()
+        self.wait_s += time.perf_counter() - began
+        if kind == "error":
+            raise value
+        return value
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            for k in range(self._waiting_for, self._stop):
+                yield self.get(k)
+        finally:
+            self.close()

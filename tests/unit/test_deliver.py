@@ -1,0 +1,147 @@
+"""Thread delivery (``_deliver``) and the thread tuner (``_autotune``), on synthetic streams."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from pqloader import LoaderTimeoutError
+from pqloader._autotune import ThreadTuner
+from pqloader._deliver import Delivery
+
+
+def _streams(num: int, start: int, stop: int, closed: list[int] | None = None,
+             fail_at: int | None = None, sleep_s: float = 0.0) -> list[Iterator[int]]:
+    def stream(s: int) -> Iterator[int]:
+        try:
+            for k in range(start, stop):
+                if k % num == s:
+                    if k == fail_at:
+                        raise ValueError(f"bad batch {k}")
+                    time.sleep(sleep_s)
+                    yield k
+        finally:
+            if closed is not None:
+                closed.append(s)
+    return [stream(s) for s in range(num)]
+
+
+def _deliver(streams: list[Iterator[int]], start: int, stop: int, **options: object) -> Delivery:
+    defaults: dict[str, object] = {"depth": 4, "threads": len(streams),
+                                   "max_threads": len(streams), "finish": lambda b: b,
+                                   "caller_helps": True}
+    return Delivery(streams, start=start, stop=stop, **{**defaults, **options})  # type: ignore
+
+
+@pytest.mark.parametrize("threads", [0, 1, 2, 3])
+@pytest.mark.parametrize("start", [0, 1, 5])
+def test_every_batch_in_order_whatever_the_thread_count(threads: int, start: int) -> None:
+    d = _deliver(_streams(3, start, 40), start, 40, threads=threads, max_threads=3)
+    assert list(d) == list(range(start, 40))
+
+
+def test_changing_threads_mid_epoch_changes_nothing_delivered() -> None:
+    d = _deliver(_streams(3, 0, 300, sleep_s=0.0005), 0, 300, threads=3, max_threads=3)
+    got = []
+    for k in range(300):
+        got.append(d.get(k))
+        if k % 37 == 0:
+            d.set_threads((k // 37) % 4)
+    d.close()
+    assert got == list(range(300))
+
+
+def test_without_caller_help_every_batch_is_made_in_a_thread() -> None:
+    where: list[str] = []
+
+    def finish(b: int) -> int:
+        where.append(threading.current_thread().name)
+        return b
+
+    d = _deliver(_streams(2, 0, 60), 0, 60, finish=finish, caller_helps=False)
+    assert list(d) == list(range(60))
+    assert all(name.startswith("pqloader-worker") for name in where)
+
+
+def test_depth_bounds_the_batches_made_ahead() -> None:
+    made: list[int] = []
+    lock = threading.Lock()
+
+    def finish(b: int) -> int:
+        with lock:
+            made.append(b)
+        return b
+
+    d = _deliver(_streams(2, 0, 50), 0, 50, depth=3, finish=finish)
+    assert d.get(0) == 0
+    time.sleep(0.3)  # the threads make what depth allows, then wait for the caller
+    assert max(made) <= 0 + 1 + 3
+    d.close()
+
+
+def test_a_stream_error_reaches_the_caller_with_a_note() -> None:
+    d = _deliver(_streams(2, 0, 20, fail_at=7), 0, 20, where="rank 0, epoch 3")
+    with pytest.raises(ValueError, match="bad batch 7") as info:
+        list(d)
+    assert any("rank 0, epoch 3" in note for note in info.value.__notes__)
+
+
+def test_timeout_names_the_batch() -> None:
+    d = _deliver(_streams(2, 0, 4, sleep_s=2.0), 0, 4, timeout_s=0.3)
+    with pytest.raises(LoaderTimeoutError, match="batch 0"):
+        d.get(0)
+    d.close()
+
+
+def test_worker_init_fn_error_reaches_the_caller() -> None:
+    def init(i: int) -> None:
+        raise OSError(f"no GPU for worker {i}")
+
+    d = _deliver(_streams(2, 0, 10), 0, 10, worker_init_fn=init)
+    with pytest.raises(OSError, match="no GPU"):
+        list(d)
+
+
+def test_close_closes_the_streams() -> None:
+    closed: list[int] = []
+    d = _deliver(_streams(3, 0, 100, closed), 0, 100)
+    assert d.get(0) == 0
+    d.close()
+    time.sleep(0.3)
+    assert sorted(closed) == [0, 1, 2]
+
+
+# -- the tuner ------------------------------------------------------------------------------
+def _converge(rates: dict[int, float], max_threads: int, batches: int = 2000,
+              tuner: ThreadTuner | None = None) -> ThreadTuner:
+    """Feed the tuner batches at ``rates[threads]`` batches/s of simulated time."""
+    tuner = tuner or ThreadTuner(max_threads, interval_s=0.5, settle_batches=2)
+    now = 0.0
+    for _ in range(batches):
+        now += 1.0 / rates[tuner.threads]
+        tuner.observe(now)
+    return tuner
+
+
+@pytest.mark.parametrize(("rates", "best"), [
+    ({2: 100, 1: 120, 0: 150}, 0),    # the caller alone is fastest (W2 here)
+    ({2: 200, 1: 120, 0: 80}, 2),     # every thread helps
+    ({2: 100, 1: 98, 0: 50}, 1),      # one thread is as good: fewer is kept
+    ({4: 100, 3: 100, 2: 99, 1: 60, 0: 30}, 2),
+])
+def test_tuner_settles_on_the_fewest_threads_within_tolerance(rates: dict[int, float],
+                                                              best: int) -> None:
+    tuner = _converge(rates, max(rates))
+    assert tuner.threads == best
+    assert set(tuner.report.rates) >= {best}
+
+
+def test_tuner_measures_again_and_follows_a_changed_load() -> None:
+    tuner = _converge({2: 200, 1: 120, 0: 80}, 2)
+    assert tuner.threads == 2
+    # the training step now takes the cores: threads only get in its way
+    tuner = _converge({2: 80, 1: 100, 0: 100}, 2, batches=20_000, tuner=tuner)
+    assert tuner.threads in (0, 1)
