@@ -46,7 +46,8 @@ class ParquetDataset:
             of decoding to wrong values. Off by default: it costs ~35-50% of decode time
             (measured), and pages without a CRC are not checked.
 
-    Footers are read in parallel when the dataset opens; no data is read until asked for.
+    Footers are read in parallel when the dataset opens, or not at all when the folder holds
+    the manifest that :func:`write_dataset` writes; no data is read until asked for.
     Map-style access (``ds[i]``, ``ds.__getitems__(indices)``) makes the dataset work with
     ``torch.utils.data.DataLoader`` and any sampler; for training throughput use
     :class:`pqloader.DataLoader` or :meth:`to_torch`.

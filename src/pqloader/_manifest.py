@@ -71,8 +71,15 @@ def read_manifest(root: Path, paths: list[Path]) -> Manifest | None:
         warnings.warn(f"{file}: unreadable manifest ({exc}); reading the footers instead",
                       stacklevel=3)
         return None
-    found = {os.path.relpath(p, root): p.stat().st_size for p in paths}
-    return match_manifest(text, str(file), found, lambda name: Path(root / name))
+    # Names by slicing off the root (paths come from walking it): os.path.relpath and pathlib
+    # cost ~25 us a file, a third of opening 2,000 files from their manifest.
+    prefix = os.path.join(root, "")
+    by_name: dict[str, Path] = {}
+    for p in paths:
+        s = os.fspath(p)
+        by_name[s[len(prefix):] if s.startswith(prefix) else os.path.relpath(s, root)] = p
+    found = {name: os.stat(p).st_size for name, p in by_name.items()}
+    return match_manifest(text, str(file), found, by_name.__getitem__)
 
 
 def match_manifest(text: str, where: str, found: dict[str, int],

@@ -43,6 +43,7 @@ worlds = st.fixed_dictionaries({
     "shuffle": st.booleans(),
     "drop_last": st.booleans(),
     "window_rows": st.integers(1, 200),
+    "first_window_slices": st.integers(1, 8),
 })
 
 
@@ -117,6 +118,21 @@ def test_windows_are_bounded(w: dict) -> None:
             for window in (seg.window for seg in wp.segments):
                 limit = w["window_rows"] + biggest if w["shuffle"] else biggest
                 assert window.num_rows <= limit
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds)
+def test_first_windows_ramp_up(w: dict) -> None:
+    """A worker's window k holds at most first_window_slices * 2**k slices; a window ends
+    early only there: every one but the last reaches window_rows or that many slices."""
+    for p in plan_all(w, shuffle=True):
+        for wp in p.workers:
+            windows = [seg.window for seg in wp.segments]
+            for k, window in enumerate(windows):
+                cap = w["first_window_slices"] * 2**k
+                assert len(window.slices) <= cap
+                if k < len(windows) - 1:
+                    assert window.num_rows >= w["window_rows"] or len(window.slices) == cap
 
 
 def test_shuffle_mixes_fragments_within_a_batch() -> None:
