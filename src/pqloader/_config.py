@@ -10,6 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ._errors import InvalidArgumentError, check_positive
+from ._memory import window_bytes
 from ._world import World
 
 WorkerType = Literal["thread", "process"]
@@ -29,9 +30,12 @@ class LoaderConfig:
     transform: Callable[..., Any] | None = None
     collate_fn: Callable[..., Any] | None = None
     world: World = field(default_factory=World)
+    memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
+        if self.memory_budget_bytes is not None:
+            check_positive("memory_budget_bytes", self.memory_budget_bytes)
         check_positive("seed", self.seed, allow_zero=True)
         if self.shuffle_window_rows is not None:
             check_positive("shuffle_window_rows", self.shuffle_window_rows)
@@ -40,13 +44,25 @@ class LoaderConfig:
             if value is not None and not callable(value):
                 raise InvalidArgumentError(f"{name} must be callable, got {value!r}")
 
-    def window_rows(self, fragment_rows: np.ndarray, byte_size: np.ndarray) -> int:
-        """Rows per shuffle window: as set, else about 64 MiB of decoded data."""
+    def window_rows(self, fragment_rows: np.ndarray, byte_size: np.ndarray,
+                    streams: int = 1) -> int:
+        """Rows per shuffle window: as set, else about 64 MiB of decoded data, or less so that
+        ``streams`` worker streams fit in ``memory_budget_bytes``."""
         if self.shuffle_window_rows is not None:
             return self.shuffle_window_rows
-        rows = int(fragment_rows.sum())
-        bytes_per_row = max(1.0, float(byte_size.sum()) / max(1, rows))
-        return max(self.batch_size, int(DEFAULT_WINDOW_BYTES / bytes_per_row))
+        per_row = bytes_per_row(fragment_rows, byte_size)
+        if self.memory_budget_bytes is None:
+            return max(self.batch_size, int(DEFAULT_WINDOW_BYTES / per_row))
+        # A window closes on the row group that reaches window_rows: it can pass the target
+        # by one row group, so the target leaves room for the largest.
+        target = min(DEFAULT_WINDOW_BYTES, window_bytes(self.memory_budget_bytes, streams))
+        largest = int(byte_size.max()) if len(byte_size) else 0
+        return max(self.batch_size, int(max(0, target - largest) / per_row))
+
+
+def bytes_per_row(fragment_rows: np.ndarray, byte_size: np.ndarray) -> float:
+    """Decoded bytes per row, as the footers tell (dictionary-encoded columns count less)."""
+    return max(1.0, float(byte_size.sum()) / max(1, int(fragment_rows.sum())))
 
 
 @dataclass(frozen=True)

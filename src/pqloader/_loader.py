@@ -61,6 +61,12 @@ class DataLoader:
         pin_memory, timeout, worker_init_fn, persistent_workers, prefetch_factor,
         multiprocessing_context: as for ``torch.utils.data.DataLoader``; ``timeout`` (seconds,
             0 = wait forever) raises :class:`pqloader.LoaderTimeoutError`.
+        memory_budget_bytes: the most resident memory (RSS) the loader may add to its
+            processes, all workers together, above what they held when the iteration began.
+            Shuffle windows are sized to fit (smaller windows mix less), and a worker reads
+            ahead only while the real RSS leaves room. Memory the training step allocates
+            meanwhile counts too: leave it room. Too small a budget for one row group per
+            window raises :class:`pqloader.InvalidArgumentError`.
         audit_dir: record the rows of every batch yielded, in a file per process in this
             folder, for :func:`pqloader.audit` (``pqloader audit DIR``) to check that an epoch
             saw every row exactly once, across ranks, workers and restarts.
@@ -88,6 +94,7 @@ class DataLoader:
         prefetch_factor: int = 2,
         multiprocessing_context: Any = None,
         audit_dir: str | os.PathLike[str] | None = None,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         from ._dataset import ParquetDataset
 
@@ -99,8 +106,16 @@ class DataLoader:
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
             shuffle_window_rows=shuffle_window_rows, transform=transform,
             collate_fn=collate_fn, world=resolve_world(rank, world_size),
+            memory_budget_bytes=memory_budget_bytes,
         )
         streams, autotune = resolve_num_workers(num_workers, worker_type)
+        if memory_budget_bytes is not None and worker_type == "process":
+            raise InvalidArgumentError(
+                "memory_budget_bytes is held for thread workers (the default) and num_workers=0; "
+                "worker processes each count pages they share with the parent and copy on "
+                "write, which their own RSS does not show: use worker_type='thread' or size "
+                "shuffle_window_rows yourself"
+            )
         self.workers = WorkerConfig(
             num_workers=streams, worker_type=worker_type, prefetch_factor=prefetch_factor,
             pin_memory=pin_memory, timeout=timeout, worker_init_fn=worker_init_fn,
@@ -112,7 +127,8 @@ class DataLoader:
         # threads advance them (none: the caller makes batches), from the measured rate.
         self._tuner = ThreadTuner(streams, settle_batches=prefetch_factor * streams) \
             if autotune else None
-        self._planner = Planner(dataset, self.config, audit=audit_dir is not None)
+        self._planner = Planner(dataset, self.config, audit=audit_dir is not None,
+                                streams=max(1, streams))
         self._audit_dir = audit_dir
         self._audit: AuditLog | None = None
         self._epoch = 0
@@ -208,6 +224,9 @@ class DataLoader:
         epoch, start = self._epoch, self._resume or 0
         self._resume, self._batches = None, start
         w = self.workers
+        if (memory := self._planner.stages.memory) is not None:
+            # worker processes each count their own share (TorchIterable), this one its own
+            memory.start(w.num_workers + 1 if w.worker_type == "process" else 1)
         if w.num_workers == 0:
             plan = self._planner.plan(epoch, 1)
             batches: Iterator[Any] = map(self._pin_batch,

@@ -6,6 +6,7 @@ Each stage is a plain generator; :func:`worker_batches` composes them for one ``
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import pyarrow as pa
 
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import PQLoaderError
+from ._memory import MemoryBudget
 from ._plan import Segment, Window, WorkerPlan, advance
 from ._read import FragmentReader
 
@@ -52,6 +54,8 @@ class Stages:
     transform: Callable[..., Any] | None = None
     collate_fn: Callable[[pa.RecordBatch], Any] | None = None
     audit: bool = False  # carry each batch's global row numbers beside it
+    memory: MemoryBudget | None = None  # memory_budget_bytes, held while reading ahead
+    window_bytes: int = 0  # a window's decoded bytes, estimated (its read needs about twice)
 
     def load(self, segment: Segment) -> _Loaded:
         """Read a segment's window, permute it, keep the segment's rows."""
@@ -120,6 +124,7 @@ def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int]) -> Iterator[Columns]:
     for size in sizes:
         while have < size:
             if window is None or pos == window.num_rows:
+                window = None  # unbound while the next one loads: one window less held
                 window, pos = next(loaded), 0
             take = min(size - have, window.num_rows - pos)
             pending.append({n: _slice(v, pos, pos + take) for n, v in window.columns.items()})
@@ -132,26 +137,38 @@ def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int]) -> Iterator[Columns]:
         pending, have = [], 0
 
 
-def read_ahead(load: Callable[[Segment], _Loaded],
-               windows: Sequence[Segment]) -> Iterator[_Loaded]:
+def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
+               memory: MemoryBudget | None = None, need_bytes: int = 0) -> Iterator[_Loaded]:
     """Load segments in order, the next one on a helper thread while this one is consumed.
 
     Without it a worker stalls for a whole window load every window, and the round-robin
     delivery waits on it while the other workers sit on full queues. Costs one window of
-    memory per worker.
+    memory per worker. With a ``memory`` budget, a read ahead starts only once ``need_bytes``
+    fit in it, or once the window is needed, whichever comes first.
     """
     if not windows:
         return
     pool = ThreadPoolExecutor(1, thread_name_prefix="pqloader-read")
+    needed = threading.Event()  # set while the consumer waits for the pending load
+
+    def ahead(segment: Segment) -> _Loaded:
+        if memory is not None:
+            memory.wait_for_room(need_bytes, needed)
+        return load(segment)
+
     try:
         future = pool.submit(load, windows[0])
         for nxt in windows[1:]:
+            needed.set()
             current = future.result()
-            future = pool.submit(load, nxt)
+            needed.clear()
+            future = pool.submit(ahead, nxt)
             yield current
             del current
+        needed.set()
         yield future.result()
     finally:
+        needed.set()  # a read ahead waiting for room stops waiting
         pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -166,7 +183,8 @@ def worker_batches(
     ``first_position`` offsets the batch positions that key random transforms.
     """
     segments = advance(plan.segments, sum(plan.batch_sizes[:skip]))
-    batches = _cut(read_ahead(stages.load, segments), plan.batch_sizes[skip:])
+    batches = _cut(read_ahead(stages.load, segments, stages.memory, 2 * stages.window_bytes),
+                   plan.batch_sizes[skip:])
     arity = transform_arity(stages.transform)
     for position, columns in zip(plan.positions[skip:], batches, strict=True):
         rows = columns.pop(ROWS, None)

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data
 
 from ._collate import column_kinds, compact
-from ._config import LoaderConfig
+from ._config import LoaderConfig, bytes_per_row
+from ._errors import InvalidArgumentError
+from ._memory import RESERVE_BYTES, WINDOWS_PER_STREAM, MemoryBudget
 from ._pipeline import Stages, worker_batches
 from ._plan import RankPlan, num_batches, plan_epoch, plan_remainder, remaining
 from ._state import fingerprint
@@ -40,18 +42,40 @@ def skipped(worker: int, start: int, num_workers: int) -> int:
     return len(range(worker, start, num_workers))
 
 
+def check_room(dataset: ParquetDataset, budget_bytes: int, streams: int) -> None:
+    """Fail early when the budget cannot hold the smallest windows: one row group each."""
+    d = dataset._discovery
+    largest = int(d.byte_size.argmax()) if len(d.byte_size) else 0
+    need = RESERVE_BYTES + WINDOWS_PER_STREAM * streams * int(d.byte_size[largest]) \
+        if len(d.byte_size) else 0
+    if budget_bytes < need:
+        path = d.files[int(d.file_index[largest])].path
+        raise InvalidArgumentError(
+            f"memory_budget_bytes={budget_bytes:,} cannot hold {streams} worker stream(s) of "
+            f"up to {WINDOWS_PER_STREAM} shuffle windows each, a window being at least one row "
+            f"group ({int(d.byte_size[largest]):,} bytes decoded for {path} row group "
+            f"{int(d.row_group[largest])}): give at least {need:,} bytes, fewer num_workers, "
+            "or write smaller row groups (write_dataset(row_group_size=...))"
+        )
+
+
 class Planner:
     """Binds a dataset to a config: plans epochs and builds each worker's stages."""
 
     def __init__(self, dataset: ParquetDataset, config: LoaderConfig, *,
-                 audit: bool = False) -> None:
+                 audit: bool = False, streams: int = 1) -> None:
         self.dataset = dataset
         self.config = config
         d = dataset._discovery
         kinds = {} if config.collate_fn is not None else column_kinds(d.schema)
+        self.window_rows = config.window_rows(d.num_rows, d.byte_size, streams)
+        memory = None
+        if config.memory_budget_bytes is not None:
+            memory = MemoryBudget(config.memory_budget_bytes)
+            check_room(dataset, config.memory_budget_bytes, streams)
+        window = int(self.window_rows * bytes_per_row(d.num_rows, d.byte_size))
         self.stages = Stages(dataset.reader, kinds, config.seed, config.transform,
-                             config.collate_fn, audit)
-        self.window_rows = config.window_rows(d.num_rows, d.byte_size)
+                             config.collate_fn, audit, memory, window)
         self.fingerprint = fingerprint(d)
         # (epoch, chain): that epoch's plan is what the chain's plan left (see _state.Cursor)
         self.origin: tuple[int, Mapping[str, Any]] | None = None
@@ -148,6 +172,8 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         epoch, start = self._cursor.get()
+        if info is not None and (memory := self._planner.stages.memory) is not None:
+            memory.start(workers + 1)  # this worker process's share; the parent has one too
         plan = self._planner.plan(epoch, workers)
         # torch collects round-robin from its worker 0; after ``start`` batches the next one
         # belongs to plan worker start % workers, so torch's worker i plays that one + i.

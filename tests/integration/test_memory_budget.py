@@ -1,0 +1,94 @@
+"""memory_budget_bytes holds the real RSS the loader adds, on a dataset several times larger."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pytest
+
+import pqloader
+
+MIB = 2**20
+ROWS = 4_000_000
+BUDGET = 160 * MIB  # the dataset decodes to 4M x (16 float32 + int64) = 275 MiB
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> pqloader.ParquetDataset:
+    path = tmp_path_factory.mktemp("budget") / "ds"
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        rng = np.random.default_rng(0)
+        for start in range(0, ROWS, 500_000):
+            n = min(500_000, ROWS - start)
+            cols = {f"f{i:02d}": rng.random(n, dtype=np.float32) for i in range(16)}
+            yield pa.record_batch({"id": np.arange(start, start + n), **cols})
+
+    first = next(batches())
+    reader = pa.RecordBatchReader.from_batches(first.schema, batches())
+    pqloader.write_dataset(reader, path, rows_per_file=1_000_000, row_group_size=32_768,
+                           compression="none")
+    return pqloader.ParquetDataset(path)
+
+
+def _peak_added(loader: pqloader.DataLoader) -> tuple[int, np.ndarray]:
+    """Iterate an epoch; the peak RSS it added (sampled every 2 ms) and the ids seen."""
+    me = psutil.Process()
+    base = me.memory_info().rss
+    peak = [base]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], me.memory_info().rss)
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    ids = []
+    try:
+        for batch in loader:
+            ids.append(batch["id"].numpy().copy())
+    finally:
+        stop.set()
+        watcher.join()
+    return peak[0] - base, np.concatenate(ids)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, "auto"])
+def test_budget_holds_real_rss_and_every_row_comes(big: pqloader.ParquetDataset,
+                                                   num_workers: Any) -> None:
+    loader = pqloader.DataLoader(big, batch_size=4096, shuffle=True, seed=1,
+                                 num_workers=num_workers, memory_budget_bytes=BUDGET)
+    added, ids = _peak_added(loader)
+    assert added <= BUDGET, f"added {added / MIB:.0f} MiB over a {BUDGET / MIB:.0f} MiB budget"
+    assert np.array_equal(np.sort(ids), np.arange(ROWS))
+    assert ids[:10_000].max() - ids[:10_000].min() > ROWS // 2, "the first rows should mix"
+
+
+def test_without_a_budget_the_same_loader_takes_more(big: pqloader.ParquetDataset) -> None:
+    # what makes the test above mean something: the default windows do not fit
+    loader = pqloader.DataLoader(big, batch_size=4096, shuffle=True, seed=1, num_workers=2)
+    added, _ = _peak_added(loader)
+    assert added > BUDGET
+
+
+def test_a_budget_below_one_row_group_per_window_is_refused(
+        big: pqloader.ParquetDataset) -> None:
+    with pytest.raises(pqloader.InvalidArgumentError,
+                       match=r"memory_budget_bytes=.* row group .*give at least"):
+        pqloader.DataLoader(big, batch_size=64, num_workers=2, memory_budget_bytes=40 * MIB)
+
+
+def test_a_budget_with_process_workers_is_refused(tmp_path: Path,
+                                                  big: pqloader.ParquetDataset) -> None:
+    with pytest.raises(pqloader.InvalidArgumentError, match="thread workers"):
+        pqloader.DataLoader(big, batch_size=64, num_workers=2, worker_type="process",
+                            memory_budget_bytes=BUDGET)
