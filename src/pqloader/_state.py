@@ -18,7 +18,10 @@ from ._discover import Discovery
 from ._errors import StateMismatchError
 
 FORMAT = "pqloader.DataLoader"
-VERSION = 1
+# The plan's version: a state is a cursor into a plan, so a plan that cuts windows differently
+# makes old cursors point at other rows. 2: a worker's first windows ramp up (64, 128, ...
+# row groups), which changed the order of datasets with windows of more than 64 row groups.
+VERSION = 2
 
 
 # Settings a resume may change (the rest of the epoch is dealt out anew) and must keep.
@@ -80,7 +83,9 @@ def read_state(state: Mapping[str, Any], dataset: Mapping[str, Any],
         )
     if state.get("version") != VERSION:
         raise StateMismatchError(
-            f"state version {state.get('version')!r}; this pqloader reads version {VERSION}"
+            f"state version {state.get('version')!r}; this pqloader plans epochs as version "
+            f"{VERSION}, so the state's cursor would point at other rows. Restore it with the "
+            "pqloader that saved it, or start its epoch again (loader.set_epoch)"
         )
     saved = state.get("dataset", {})
     if saved != dict(dataset):
