@@ -67,15 +67,10 @@ class Delivery:
         self._pool = [threading.Thread(target=self._run, args=(i,), daemon=True,
                                        name=f"pqloader-worker-{i}")
                       for i in range(max(0, max_threads))]
-        self.wait_s = 0.0  # caller time spent waiting for batches (making them included)
         for t in self._pool:
             t.start()
 
     # -- control ----------------------------------------------------------------------------
-    @property
-    def threads(self) -> int:
-        return self._threads_wanted
-
     def set_threads(self, threads: int) -> None:
         """Let ``threads`` of the started threads advance streams (0: the caller alone)."""
         with self._cv:
@@ -150,7 +145,6 @@ class Delivery:
     def get(self, k: int) -> Any:
         """Batch ``k`` (asked for in order), made by a thread or, if none took it, here."""
         began = time.perf_counter()
-        waited = 0.0
         with self._cv:
             self._waiting_for = k
             self._cv.notify_all()
@@ -180,7 +174,6 @@ class Delivery:
             kind, value = self._done.pop(k)
             self._waiting_for = k + 1
             self._cv.notify_all()
-        self.wait_s += time.perf_counter() - began
         if kind == "error":
             raise value
         return value

@@ -225,8 +225,7 @@ class DataLoader:
         self._resume, self._batches = None, start
         w = self.workers
         if (memory := self._planner.stages.memory) is not None:
-            # worker processes each count their own share (TorchIterable), this one its own
-            memory.start(w.num_workers + 1 if w.worker_type == "process" else 1)
+            memory.start()  # thread workers only (checked in __init__): one process counts
         if w.num_workers == 0:
             plan = self._planner.plan(epoch, 1)
             batches: Iterator[Any] = map(self._pin_batch,

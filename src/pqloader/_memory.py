@@ -59,7 +59,6 @@ class MemoryBudget:
         self.total_bytes = total_bytes
         self.budget_bytes = total_bytes  # this process's share
         self._baseline: int | None = None
-        self.waits = 0  # read-aheads held back for lack of room
 
     def __getstate__(self) -> dict[str, int]:
         return {"total_bytes": self.total_bytes}
@@ -86,7 +85,6 @@ class MemoryBudget:
         """
         if self.used() + need_bytes <= self.budget_bytes:
             return
-        self.waits += 1
         pool = pa.default_memory_pool()
         while True:
             pool.release_unused()  # mimalloc and jemalloc keep freed pages until asked
