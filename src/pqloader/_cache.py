@@ -1,12 +1,14 @@
 """A local cache of remote bytes, shared by every worker and process of a node.
 
-An entry is one byte range of one version of one remote object (a footer, a column chunk).
-Its file name is a hash of (URL, version, offset, length), so a path can never leave the cache
-directory, and a changed object (new ETag or size) is a different entry: never served stale.
-Entries are written to a temporary file and renamed into place (atomic: readers see a whole
-entry or none), carry a checksum that is checked on every read (a corrupt entry is deleted and
-fetched again), and are evicted oldest-used first when the cache outgrows ``max_bytes``, by one
-process at a time under a file lock.
+An entry is one byte range of one version of one remote object: a footer's tail, or the
+projected column chunks of one row group, coalesced into one range (see ``_read.py``). Its file
+name is a hash of (URL, version, offset, length), so a path can never leave the cache directory,
+and a changed object (new ETag or size) is a different entry: never served stale. Entries are
+written to a temporary file and renamed into place (atomic: readers see a whole entry or none),
+read back memory-mapped (no copy: pyarrow decodes straight from the page cache), carry a
+checksum that is checked on every read (a corrupt entry is deleted and fetched again), and are
+evicted oldest-used first when the cache outgrows ``max_bytes``, by one process at a time under
+a file lock.
 """
 
 from __future__ import annotations
@@ -23,17 +25,20 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
+import pyarrow as pa
 import xxhash
 
 from ._errors import InvalidArgumentError
 from ._fs import Range, Store
 
-Buffer = bytes | memoryview
+Buffer: TypeAlias = bytes | memoryview | pa.Buffer
 
-_MAGIC = b"PQC1"
-_LAYOUT = "v1"  # a new entry format gets a new folder; old ones are left alone
+_MAGIC = b"PQC2"
+# A new entry format gets a new folder; old ones are left alone. v1: one entry per column
+# chunk, read into Python bytes. v2: one entry per coalesced row-group range, memory-mapped.
+_LAYOUT = "v2"
 _TRAILER = struct.Struct("<Q")  # xxh3-64 of the payload
 _EVICT_TO = 0.9  # eviction frees down to this share of max_bytes
 
@@ -86,16 +91,18 @@ class Cache:
         digest = hashlib.sha256(key).hexdigest()
         return self._root / digest[:2] / f"{digest}.pqc"
 
-    def get(self, url: str, version: str | None, offset: int, length: int) -> Buffer | None:
-        """The cached bytes, or ``None`` when absent. Raises :class:`CorruptCacheEntry` (after
-        deleting it) when the entry fails its checks."""
+    def get(self, url: str, version: str | None, offset: int, length: int) -> pa.Buffer | None:
+        """The cached bytes, memory-mapped, or ``None`` when absent. Raises
+        :class:`CorruptCacheEntry` (after deleting it) when the entry fails its checks."""
         path = self._path(url, version, offset, length)
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            with pa.memory_map(str(path)) as f:
+                raw = f.read_buffer()  # the mapping outlives the file handle and an unlink
         except FileNotFoundError:
             return None
-        payload = _decode(raw, url, version, offset, length)
+        except (OSError, pa.ArrowException):  # e.g. an empty file cannot be mapped
+            raw = None
+        payload = None if raw is None else _decode(raw, url, version, offset, length)
         if payload is None:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -105,19 +112,27 @@ class Cache:
             os.utime(path)  # last used: eviction goes by modification time
         return payload
 
-    def put(self, url: str, version: str | None, offset: int, length: int, data: Buffer
-            ) -> None:
-        """Store ``data``; atomic, so concurrent readers and writers see a whole entry or none."""
+    def put(self, url: str, version: str | None, offset: int, length: int,
+            data: Buffer | Sequence[Buffer]) -> None:
+        """Store ``data`` (one buffer, or consecutive pieces written without joining them);
+        atomic, so concurrent readers and writers see a whole entry or none."""
+        pieces = [data] if isinstance(data, (bytes, memoryview, pa.Buffer)) else list(data)
+        size = sum(len(memoryview(p)) for p in pieces)
+        if size != length:
+            raise ValueError(f"cache put of [{offset}, +{length}) got {size} bytes")
         path = self._path(url, version, offset, length)
         header = json.dumps({"url": url, "version": version, "offset": offset,
                              "length": length}).encode()
-        blob = b"".join([_MAGIC, struct.pack("<I", len(header)), header, data,
-                         _TRAILER.pack(xxhash.xxh3_64_intdigest(data))])
+        digest = xxhash.xxh3_64()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex}")
         try:
             with open(tmp, "wb") as f:
-                f.write(blob)
+                f.write(_MAGIC + struct.pack("<I", len(header)) + header)
+                for piece in pieces:
+                    digest.update(piece)
+                    f.write(piece)
+                f.write(_TRAILER.pack(digest.intdigest()))
             os.replace(tmp, path)
         except OSError:
             with contextlib.suppress(OSError):
@@ -127,7 +142,7 @@ class Cache:
             with self._lock:
                 if self._used is None:
                     self._used = self.usage()
-                self._used += len(blob)
+                self._used += 8 + len(header) + length + _TRAILER.size
                 over = self._used > self.max_bytes
             if over:
                 self.evict()
@@ -223,23 +238,24 @@ class CorruptCacheEntry(Exception):
     """Internal: a cache entry that failed its checks (the reader fetches it again)."""
 
 
-def _decode(raw: bytes, url: str, version: str | None, offset: int, length: int
-            ) -> memoryview | None:
-    """The payload of an entry, or ``None`` if it is not the entry it should be."""
-    if len(raw) < 8 + _TRAILER.size or raw[:4] != _MAGIC:
+def _decode(raw: pa.Buffer, url: str, version: str | None, offset: int, length: int
+            ) -> pa.Buffer | None:
+    """The payload of an entry (a zero-copy slice), or ``None`` if it is not the entry it
+    should be."""
+    if raw.size < 8 + _TRAILER.size or raw[:4].to_pybytes() != _MAGIC:
         return None
-    (n,) = struct.unpack("<I", raw[4:8])
+    (n,) = struct.unpack("<I", raw[4:8].to_pybytes())
     start = 8 + n
-    if len(raw) != start + length + _TRAILER.size:
+    if raw.size != start + length + _TRAILER.size:
         return None
     try:
-        header = json.loads(raw[8:start])
+        header = json.loads(raw[8:start].to_pybytes())
     except ValueError:
         return None
     if header != {"url": url, "version": version, "offset": offset, "length": length}:
         return None
-    payload = memoryview(raw)[start:start + length]  # no copy: the entry stays alive with it
-    (digest,) = _TRAILER.unpack(raw[start + length:])
+    payload = raw.slice(start, length)
+    (digest,) = _TRAILER.unpack(raw.slice(start + length).to_pybytes())
     if xxhash.xxh3_64_intdigest(payload) != digest:
         return None
     return payload
@@ -248,7 +264,12 @@ def _decode(raw: bytes, url: str, version: str | None, offset: int, length: int
 def cached_ranges(store: Store, cache: Cache | None, path: str, version: str | None,
                   ranges: Sequence[Range]) -> dict[Range, Buffer]:
     """The bytes of ``ranges`` of ``path``: from the cache when there, else fetched (and
-    cached). A damaged entry is counted, deleted and fetched again."""
+    cached). A damaged entry is counted, deleted and fetched again.
+
+    A fetched range is written to its entry piece by piece and handed back memory-mapped from
+    it, so it is never joined in memory (nor held twice); if it is gone again already (evicted
+    by another process, or a cache smaller than it), the pieces are joined instead.
+    """
     if cache is None:
         return dict(store.read_ranges(path, ranges))
     url = store.url(path)
@@ -265,9 +286,12 @@ def cached_ranges(store: Store, cache: Cache | None, path: str, version: str | N
         else:
             found[r] = data
     store.stats.add(cache_hits=len(found), cache_misses=len(missing))
-    if missing:
-        fetched = store.read_ranges(path, missing)
-        for r, data in fetched.items():
-            cache.put(url, version, *r, data)
-        found.update(fetched)
+    for r, pieces in store.read_pieces(path, missing).items():
+        cache.put(url, version, *r, pieces)
+        written: Buffer | None
+        try:
+            written = cache.get(url, version, *r)
+        except CorruptCacheEntry:
+            written = None
+        found[r] = written if written is not None else b"".join(pieces)
     return found

@@ -226,6 +226,12 @@ class Store:
     # reading
     def read_ranges(self, path: str, ranges: Sequence[Range]) -> dict[Range, bytes]:
         """The bytes of each range (coalesced, parallel, retried): ``{(offset, length): data}``."""
+        return {r: b"".join(parts) if len(parts) != 1 else parts[0]
+                for r, parts in self.read_pieces(path, ranges).items()}
+
+    def read_pieces(self, path: str, ranges: Sequence[Range]) -> dict[Range, list[bytes]]:
+        """Like :meth:`read_ranges`, but each range as the consecutive pieces it was fetched
+        in, not joined: a caller that writes them out saves a copy."""
         if not ranges:
             return {}
         pieces = coalesce(ranges, self.retry.hole_bytes, self.retry.part_bytes)
@@ -272,14 +278,14 @@ class Store:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _cut(fetched: dict[Range, bytes], want: Range) -> bytes:
+def _cut(fetched: dict[Range, bytes], want: Range) -> list[bytes]:
     off, n = want
     parts = []
     for (p_off, p_n), data in sorted(fetched.items()):
         lo, hi = max(off, p_off), min(off + n, p_off + p_n)
         if lo < hi:
-            parts.append(data[lo - p_off:hi - p_off])
-    return b"".join(parts) if len(parts) != 1 else parts[0]
+            parts.append(data if (lo, hi) == (p_off, p_off + p_n) else data[lo - p_off:hi - p_off])
+    return parts or [b""]
 
 
 def _remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exception:

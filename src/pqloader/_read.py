@@ -2,7 +2,9 @@
 
 Local files are read by pyarrow directly. Remote files are read by fetching just the byte
 ranges of the projected column chunks (coalesced, in parallel, retried, through the cache) and
-decoding them with the footer already known, so no request is spent on the footer again.
+decoding them with the footer already known, so no request is spent on the footer again. A
+row group's coalesced range is one cache entry, memory-mapped when read back: pyarrow decodes
+from the page cache through a zero-copy view.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import pyarrow.parquet as pq
 from ._cache import Buffer, cached_ranges
 from ._discover import Discovery, FileEntry, remote_footer
 from ._errors import CorruptFileError, PQLoaderError
-from ._fs import ObjectInfo, Range
+from ._fs import ObjectInfo, Range, coalesce
 
 _MAX_PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
+_NO_SPLIT = 1 << 62  # coalesce's part size when ranges are merged only, never cut
 
 
 class FragmentReader:
@@ -121,7 +124,11 @@ class FragmentReader:
         footer = self._footer(file_index)
         rg = footer.row_group(row_group)
         ranges = [_chunk_range(rg.column(i), obj.size) for i in self._leaf_columns(file_index)]
-        chunks = cached_ranges(d.store, d.cache, obj.path, obj.version, ranges)
+        # One range (and one cache entry) per run of projected chunks with gaps under
+        # hole_bytes between them: the gaps of a projection of a wide table, the columns not
+        # read, are neither fetched nor cached when they are larger than that.
+        spans = coalesce(ranges, d.store.retry.hole_bytes, part=_NO_SPLIT)
+        chunks = cached_ranges(d.store, d.cache, obj.path, obj.version, spans)
         store, cache = d.store, d.cache
 
         def fetch(offset: int, length: int) -> Buffer:  # a read outside the known chunks

@@ -107,6 +107,29 @@ def test_s3_warm_cache_makes_no_requests_and_a_changed_object_is_refetched(
     _exactly_once(_ids(pqloader.DataLoader(fresh, batch_size=512, shuffle=True)))
 
 
+
+def test_s3_cache_one_entry_per_row_group_and_a_corrupt_one_is_refetched(
+        moto_s3: object, local_dataset: Path, tmp_path: Path) -> None:
+    url = moto_s3.upload_dir(local_dataset)  # type: ignore[attr-defined]
+    options = moto_s3.storage_options  # type: ignore[attr-defined]
+    cache = pqloader.Cache(tmp_path / "cache")
+    ds = pqloader.ParquetDataset(url, storage_options=options, cache=cache)
+    _exactly_once(_ids(pqloader.DataLoader(ds, batch_size=512, shuffle=True, num_workers=2)))
+    sizes = {f: (local_dataset / f.removeprefix(url).lstrip("/")).stat().st_size
+             for f in ds.files}
+    groups = [e for e in cache.entries() if e.offset + e.length < sizes[e.url]]
+    assert len(groups) == ds.num_row_groups  # footers aside, one entry per row group
+    # Damage two row groups' entries: the next epoch detects, counts and refetches them.
+    for entry in groups[:2]:
+        raw = bytearray(entry.path.read_bytes())
+        raw[len(raw) // 2] ^= 0x10
+        entry.path.write_bytes(bytes(raw))
+    again = pqloader.ParquetDataset(url, storage_options=options, cache=cache)
+    _exactly_once(_ids(pqloader.DataLoader(again, batch_size=512, shuffle=True, num_workers=2)))
+    stats = again.io_stats()
+    assert stats["cache_corrupt"] == 2 and stats["requests"] >= 2
+    assert len(cache.entries()) == len(groups) + len(ds.files)
+
 def test_http_every_row_exactly_once(http_server: Callable[[Path], str],
                                      local_dataset: Path) -> None:
     base = http_server(local_dataset)

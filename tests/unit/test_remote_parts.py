@@ -194,6 +194,41 @@ def test_concurrent_writers_never_expose_partial_entries(tmp_path: Path) -> None
     assert not list(tmp_path.rglob(".tmp-*"))
 
 
+
+def test_cache_entries_are_written_in_pieces_and_read_memory_mapped(tmp_path: Path) -> None:
+    cache = Cache(tmp_path)
+    data = os.urandom(100_000)
+    cache.put("s3://b/k", "etag=1", 7, len(data), [data[:30_000], data[30_000:]])
+    got = cache.get("s3://b/k", "etag=1", 7, len(data))
+    assert isinstance(got, pa.Buffer) and got.to_pybytes() == data
+    [entry] = cache.entries()
+    assert (entry.offset, entry.length) == (7, len(data))
+    maps = Path("/proc/self/maps")
+    if maps.exists():  # mapped from the entry's file, not read into memory
+        assert os.path.realpath(entry.path) in maps.read_text()
+    with pytest.raises(ValueError, match="got 3 bytes"):
+        cache.put("s3://b/k", "etag=1", 0, 4, b"abc")
+
+
+def test_a_corrupt_entry_is_counted_refetched_and_cached_again(tmp_path: Path) -> None:
+    from pqloader._cache import cached_ranges
+
+    data = os.urandom(5000)
+    fs = _Flaky(data, failures=0)
+    store = Store("flaky", filesystem=fs)
+    cache = Cache(tmp_path)
+    r = (100, 3000)
+    assert bytes(cached_ranges(store, cache, "obj", "v1", [r])[r]) == data[100:3100]
+    [entry] = cache.entries()
+    raw = bytearray(entry.path.read_bytes())
+    raw[-100] ^= 0x01  # one bit of the payload
+    entry.path.write_bytes(bytes(raw))
+    assert bytes(cached_ranges(store, cache, "obj", "v1", [r])[r]) == data[100:3100]
+    assert bytes(cached_ranges(store, cache, "obj", "v1", [r])[r]) == data[100:3100]
+    stats = store.stats.as_dict()
+    assert fs.calls == 2 and stats["cache_corrupt"] == 1
+    assert (stats["cache_hits"], stats["cache_misses"]) == (1, 2)
+
 # -- memory:// end to end ---------------------------------------------------------------------
 @pytest.fixture
 def memory_dataset(tmp_path: Path) -> str:
@@ -251,3 +286,59 @@ def test_storage_options_for_a_local_path_is_an_error(tmp_path: Path) -> None:
 def test_unknown_protocol_says_what_to_install() -> None:
     with pytest.raises(ImportError, match="fsspec"):
         pqloader.ParquetDataset("nosuchproto://bucket/data")
+
+
+def _tails(cache: Cache, sizes: dict[str, int]) -> list[object]:
+    """The entries that hold a file's footer (its last bytes), not a row group."""
+    return [e for e in cache.entries() if e.offset + e.length == sizes[e.url]]
+
+
+def test_memory_one_cache_entry_per_row_group(memory_dataset: str, tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "cache")
+    ds = pqloader.ParquetDataset(memory_dataset, cache=cache)
+    assert np.array_equal(np.sort(np.concatenate([b["x"].numpy() for b in pqloader.DataLoader(
+        ds, batch_size=1000, shuffle=True)])), np.arange(20_000))
+    sizes = {f: fsspec.filesystem("memory").size(f) for f in ds.files}
+    tails = _tails(cache, sizes)
+    assert len(tails) == len(ds.files)
+    assert len(cache.entries()) - len(tails) == ds.num_row_groups
+
+
+def test_memory_projection_caches_only_the_projected_columns(tmp_path: Path) -> None:
+    # Columns of ~200 KB per row group: the gaps between projected ones exceed hole_bytes.
+    rng = np.random.default_rng(0)
+    n = 4000
+    columns = {"id": np.arange(n)}
+    for i in range(6):
+        columns[f"pad{i}"] = pa.array([rng.bytes(200) for _ in range(n)], pa.binary())
+    table = pa.table(columns)
+    pqloader.write_dataset(table, tmp_path / "wide", rows_per_file=2000, row_group_size=1000)
+    root = f"/pq-wide-{os.getpid()}-{tmp_path.name}"
+    fsspec.filesystem("memory").put(str(tmp_path / "wide"), root, recursive=True)
+
+    cache = Cache(tmp_path / "cache")
+    ds = pqloader.ParquetDataset(f"memory://{root}", columns=["id", "pad3"], cache=cache)
+    for epoch in range(2):  # the second from the cache
+        before = ds.io_stats()["requests"]
+        got = {}
+        for batch in pqloader.DataLoader(ds, batch_size=300, shuffle=True, seed=epoch):
+            got.update(zip(batch["id"].numpy().tolist(), batch["pad3"], strict=True))
+        assert sorted(got) == list(range(n))
+        assert all(got[i] == table["pad3"][i].as_py() for i in range(n))
+        if epoch == 1:
+            assert ds.io_stats()["requests"] == before
+
+    import pyarrow.parquet as pq
+
+    fs = fsspec.filesystem("memory")
+    sizes = {f: fs.size(f) for f in ds.files}
+    projected = 0
+    for f in ds.files:
+        with fs.open(f) as handle:
+            md = pq.read_metadata(handle)
+        for g in range(md.num_row_groups):
+            projected += sum(md.row_group(g).column(c).total_compressed_size for c in (0, 4))
+    tails = _tails(cache, sizes)
+    data = [e for e in cache.entries() if e not in tails]
+    assert len(data) == 2 * ds.num_row_groups  # id and pad3 apart: two ranges, no gap
+    assert sum(e.length for e in data) == projected
