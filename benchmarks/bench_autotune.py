@@ -9,8 +9,9 @@ Each setting runs in its own child process: ``DataLoader(num_workers=N)`` for N 
 for ``--epochs`` epochs on one loader (the tuner keeps what it learned across epochs). The
 workloads are those of bench_tabular (W1), bench_tokens (W2) and bench_images (W3, with its
 FlipCrop transform), on the same generated data. Reported per workload: the best hand setting's
-median rate over epochs 2.. (page cache warm), auto's rate over the same epochs and in epoch 1
-(the tuning included), their ratios, and the thread count auto settled on.
+steady rate (the median over the later half of the epochs: page cache warm, and auto's first
+comparison of every count, ~3 epochs of W1, is over), auto's rate over the same epochs and in
+epoch 1 (the tuning included), their ratios, and the thread count auto settled on.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def run_setting(workload: str, setting: str, args: argparse.Namespace) -> dict[s
     if rows != len(ds):
         sys.exit(f"delivered {rows:,} rows in the last epoch; the dataset has {len(ds):,}")
     report = loader.autotune
-    return {"rates": rates, "threads": None if report is None else report.threads,
+    return {"rates": rates, "threads": None if report is None else report.settled,
             "tried": None if report is None else {str(k): v for k, v in report.rates.items()}}
 
 
@@ -101,13 +102,14 @@ def child_argv(args: argparse.Namespace) -> list[str]:
 
 
 def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Medians per setting: the rate over epochs 2.. (or the only epoch) and of epoch 1."""
+    """Medians per setting: the steady rate (over the later half of the epochs, once the
+    tuner has settled; the only epoch if just one) and the rate of epoch 1."""
     out: dict[str, Any] = {}
     for setting, results in runs.items():
         ok = [r for r in results if "error" not in r]
         s: dict[str, Any] = {"errors": [r["error"] for r in results if "error" in r]}
         if ok:
-            later = [statistics.median(r["rates"][1:] or r["rates"]) for r in ok]
+            later = [statistics.median(r["rates"][len(r["rates"]) // 2:]) for r in ok]
             s.update(rate=statistics.median(later),
                      first_epoch=statistics.median(r["rates"][0] for r in ok),
                      peak_rss_mib=round(statistics.median(r["peak_rss_mib"] for r in ok)))
@@ -125,7 +127,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default="w1,w2,w3", help="comma-separated among w1, w2, w3")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--repeats", type=int, default=3, help="runs per setting; medians reported")
     p.add_argument("--data", type=Path, help="folder for the datasets (default: the temp dir)")
     p.add_argument("--tiny", action="store_true",
@@ -145,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"benchmark": "autotune", "commit": commit, "epochs": args.epochs,
                               "repeats": args.repeats}
     print(f"num_workers='auto' against hand-set thread workers; {args.epochs} epochs per run, "
-          f"median of {args.repeats}; rate: median over epochs 2..{args.epochs}")
+          f"median of {args.repeats}; rate: median over epochs "
+          f"{args.epochs // 2 + 1}..{args.epochs} (steady: auto has settled)")
     print(f"{'workload':<9}{'setting':<8}{'rate':>14}{'epoch 1':>14}{'x best':>8}"
           f"{'x best (ep 1)':>15}{'threads':>9}{'RSS MiB':>9}")
     for workload in workloads:
@@ -163,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             x = f"{s['x_best']:.2f}" if "x_best" in s else ""
             x1 = f"{s['x_best_first_epoch']:.2f}" if "x_best" in s else ""
-            threads = ",".join(map(str, s.get("threads", []))) or ""
+            threads = ",".join("-" if t is None else str(t) for t in s.get("threads", []))
             print(f"{workload:<9}{setting:<8}{s['rate']:>14,.0f}{s['first_epoch']:>14,.0f}"
                   f"{x:>8}{x1:>15}{threads:>9}{s['peak_rss_mib']:>9,}")
     print("rate: rows/s (w1, w3) or real tokens/s (w2); x best: auto over the best hand "
-          "setting's rate; threads: what auto settled on in each run")
+          "setting's rate; threads: what auto settled on in each run (-: still comparing)")
     print("RESULT " + json.dumps(result))
     return 0
 

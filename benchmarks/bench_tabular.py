@@ -36,7 +36,8 @@ import peer_loaders
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-METHODS = ("floor", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2", "pqloader-w2-proc")
+METHODS = ("floor", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2", "pqloader-auto",
+           "pqloader-w2-proc")
 PEER_METHODS = tuple(peer_loaders.METHODS)  # opt-in: --peers
 NUM_FEATURES = 32
 SEED = 0
@@ -127,7 +128,7 @@ def run_naive(path: Path, args: argparse.Namespace, num_workers: int) -> dict[st
     return {"rows": rows, "seconds": time.perf_counter() - t0, "load_s": load_s}
 
 
-def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int,
+def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int | str,
                  worker_type: str = "thread") -> dict[str, Any]:
     """pqloader's DataLoader, shuffled, every batch consumed; the dataset's opening is timed."""
     import pqloader
@@ -175,6 +176,7 @@ CHILDREN = {
     "naive-w2": lambda p, a: run_naive(p, a, 2),
     "pqloader-w0": lambda p, a: run_pqloader(p, a, 0),
     "pqloader-w2": lambda p, a: run_pqloader(p, a, 2),
+    "pqloader-auto": lambda p, a: run_pqloader(p, a, "auto"),
     "pqloader-w2-proc": lambda p, a: run_pqloader(p, a, 2, "process"),
     **{m: functools.partial(run_peer, method=m) for m in PEER_METHODS},
 }
@@ -295,7 +297,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=3, help="runs per method; medians reported")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated, among "
-                   + ", ".join(METHODS + PEER_METHODS) + " (default: the first 6)")
+                   + ", ".join(METHODS + PEER_METHODS) + " (default: all but the peers)")
     p.add_argument("--peers", action="store_true", help="add every peer: "
                    + ", ".join(PEER_METHODS) + "; each runs in its own venv under "
                    ".venv-peers/, which the first run makes with pip (minutes)")

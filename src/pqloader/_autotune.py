@@ -5,54 +5,73 @@ lets this tuner choose, while batches flow, how many threads advance them: from 
 none (the caller makes batches itself). The order of batches never depends on the choice (see
 ``_deliver``), so tuning changes speed only.
 
-The search is a descent with a tolerance: measure the rate at ``S`` threads, then one fewer, and
-so on while the rate stays within ``tolerance`` of the best seen; settle on the fewest threads
-within it (fewer threads leave cores to the training step and hold less memory). Every
-``hold_intervals`` intervals it measures the settled count and its neighbours again, since the
-best count moves when the training step's own load does. The tuner lives on the loader, so a
-later epoch starts from what an earlier one found.
+The rate is noisy on a shared machine: one count's rate swung 2-3x between seconds here, more
+than the counts differ from each other. So no single interval decides. Counts are compared in
+turns (``a b c c b a a b c c b a``: ``passes`` intervals each, the direction alternating, so a
+slow spell or a steady drift of the machine weighs on every count alike) and ranked by their
+median rate. A count far behind the best after the first turn is not measured again, so little
+time goes to bad settings. The winner is the fewest threads within ``tolerance`` of the best
+median: fewer threads leave cores to the training step and hold less memory.
+
+The first comparison takes every count from ``S`` to 0 (``S`` is small: at most 8). Later ones
+take the settled count and its neighbours; when a neighbour wins, its own neighbours are
+compared next, until the winner is the centre of its comparison. In a check of the settled
+count, it keeps its place while within tolerance of the best (hysteresis: a noisy check alone
+does not move it).
+
+Every ``hold_intervals`` intervals it checks the settled count against its neighbours again,
+since the best count moves when the training step's own load does. The tuner lives on the
+loader, so a later epoch starts from what an earlier one found.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 
 
 @dataclass
 class TunerReport:
-    """What the tuner tried: ``rates`` maps thread counts to their last measured batches/s."""
+    """What the tuner tried: ``rates`` maps thread counts to their last measured batches/s
+    (the median of the last comparison that measured them)."""
 
-    threads: int
+    threads: int  # now (during a comparison, the count being measured)
     rates: dict[int, float] = field(default_factory=dict)
     changes: int = 0
+    settled: int | None = None  # the winner of the last comparison (None: still comparing)
 
 
 class ThreadTuner:
     """Chooses a thread count in ``0 .. max_threads`` from batches/s measured by the caller.
 
     Call :meth:`observe` once per delivered batch; when it returns a number, set that many
-    threads. Each count is measured over at least ``interval_s`` seconds and ``min_batches``
-    batches, after ``settle_batches`` batches made under the previous count have drained.
+    threads. Each interval lasts at least ``interval_s`` seconds and ``min_batches`` batches,
+    and starts once ``settle_batches`` batches made under the previous count have drained.
     """
 
     def __init__(self, max_threads: int, *, interval_s: float = 0.5, min_batches: int = 8,
-                 settle_batches: int = 4, tolerance: float = 0.05,
-                 hold_intervals: int = 20) -> None:
+                 settle_batches: int = 4, tolerance: float = 0.05, passes: int = 4,
+                 drop_below: float = 0.75, hold_intervals: int = 40) -> None:
         self.max_threads = max(0, max_threads)
         self.interval_s = interval_s
         self.min_batches = max(1, min_batches)
         self.settle_batches = max(0, settle_batches)
         self.tolerance = tolerance
+        self.passes = max(1, passes)
+        self.drop_below = drop_below
         self.hold_intervals = max(1, hold_intervals)
         self.report = TunerReport(threads=self.max_threads)
-        self._queue: list[int] = []  # counts still to measure in this round
-        self._round: dict[int, float] = {}  # this round's measurements
-        self._held = 0  # intervals spent at the settled count since the last round
+        self._samples: dict[int, list[float]] = {}  # this comparison's rates per count
+        self._turns: list[int] = []  # counts still to measure in this comparison
+        self._pruned = False  # whether this comparison dropped its slow counts yet
+        self._centre: int | None = None  # the count a comparison of neighbours is centred on
+        self._incumbent: int | None = None  # the settled count this comparison checks
+        self._compare(list(range(self.max_threads, -1, -1)))  # first: every count
+        self._held = 0  # intervals at the settled count since the last comparison
         self._settling = self.settle_batches
         self._t0 = 0.0
         self._batches = 0
-        self._descending = True  # the first round walks down from max_threads
 
     @property
     def threads(self) -> int:
@@ -84,30 +103,70 @@ class ThreadTuner:
     # -- the search -------------------------------------------------------------------------
     def _measured(self, rate: float) -> int | None:
         current = self.report.threads
-        self.report.rates[current] = rate
-        if not self._round and not self._queue and not self._descending:
-            self._held += 1  # holding the settled count
+        if not self._samples:  # holding the settled count
+            self.report.rates[current] = rate
+            self._held += 1
             if self._held < self.hold_intervals:
                 return None
-            self._held = 0
-            self._queue = [t for t in (current - 1, current + 1) if 0 <= t <= self.max_threads]
-        self._round[current] = rate
-        if self._descending:
-            best = max(self._round.values())
-            if rate >= (1 - self.tolerance) * best and current > 0:
-                return self._switch(current - 1)
-            self._descending = False
-            return self._settle()
-        if self._queue:
-            return self._switch(self._queue.pop(0))
+            return self._neighbours(current, incumbent=current)
+        self._samples[current].append(rate)
+        if not self._pruned and all(self._samples.values()):
+            self._drop_far_behind()
+        if self._turns:
+            return self._switch(self._turns.pop(0))
         return self._settle()
 
+    def _compare(self, counts: list[int], centre: int | None = None,
+                 incumbent: int | None = None) -> int | None:
+        """Start a comparison of ``counts``, measured in turns from the current count. An
+        ``incumbent`` (the settled count, checked again) keeps its place while within
+        tolerance of the best: a noisy check alone does not move it."""
+        self._held = 0
+        self._centre, self._incumbent = centre, incumbent
+        if len(counts) == 1:
+            return self._switch(counts[0])
+        self._samples = {t: [] for t in counts}
+        self._pruned = False
+        current = self.report.threads
+        order = [current] + [t for t in counts if t != current] if current in counts else counts
+        # alternate directions (a b c c b a a b c): a steady drift of the machine's speed
+        # then weighs on every count alike
+        turns = [t for p in range(self.passes) for t in (order if p % 2 == 0 else order[::-1])]
+        self._turns = turns[1:]
+        return self._switch(turns[0])
+
+    def _neighbours(self, centre: int, incumbent: int | None = None) -> int | None:
+        counts = [t for t in (centre, centre - 1, centre + 1) if 0 <= t <= self.max_threads]
+        return self._compare(counts, centre, incumbent)
+
+    def _drop_far_behind(self) -> None:
+        """After the first pass, stop measuring counts far slower than the best one."""
+        self._pruned = True
+        firsts = {t: s[0] for t, s in self._samples.items()}
+        best = max(firsts.values())
+        slow = {t for t, r in firsts.items() if r < self.drop_below * best}
+        self._turns = [t for t in self._turns if t not in slow]
+
     def _settle(self) -> int | None:
-        """End the round on the fewest threads within tolerance of its best rate."""
-        best = max(self._round.values())
-        choice = min(t for t, r in self._round.items() if r >= (1 - self.tolerance) * best)
-        self._round = {}
+        """End the comparison on the fewest threads within tolerance of the best median."""
+        medians = {t: statistics.median(s) for t, s in self._samples.items() if s}
+        self.report.rates.update(medians)
+        fast = {t: r for t, r in medians.items()
+                if len(self._samples[t]) == max(len(s) for s in self._samples.values())}
+        self._samples = {}
+        choice = self._fewest_within(fast)
+        kept = self._incumbent
+        if kept is not None and kept in fast and fast[kept] >= (1 - self.tolerance) * max(
+                fast.values()):
+            choice = kept
+        if self._centre is not None and choice != self._centre:
+            return self._neighbours(choice)  # the best lies at an edge: compare around it
+        self.report.settled = choice
         return self._switch(choice)
+
+    def _fewest_within(self, rates: dict[int, float]) -> int:
+        best = max(rates.values())
+        return min(t for t, r in rates.items() if r >= (1 - self.tolerance) * best)
 
     def _switch(self, threads: int) -> int | None:
         self._settling = self.settle_batches

@@ -21,4 +21,4 @@ def test_bench_autotune_tiny(run_bench: Any) -> None:
             assert s["rate"] > 0 and s["first_epoch"] > 0
         auto = summary["auto"]
         assert auto["x_best"] > 0 and auto["best_hand"] == "w0"
-        assert all(0 <= t <= 8 for t in auto["threads"])
+        assert all(t is None or 0 <= t <= 8 for t in auto["threads"])  # None: not settled

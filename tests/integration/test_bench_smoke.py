@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-METHODS = {"floor", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2", "pqloader-w2-proc"}
+METHODS = {"floor", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2", "pqloader-auto",
+           "pqloader-w2-proc"}
 
 
 @pytest.mark.slow
