@@ -332,7 +332,9 @@ def _list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | 
         if not found:
             raise EmptyDatasetError(f"{source}: the glob matches no file")
         return found, None, None
-    if not store.isdir(native):
+    # A URL ending in "/" names a folder: listed at once, without a request to ask whether
+    # it is one (a round trip per open: 70 ms through bench_remote's proxy).
+    if not source.endswith("/") and not store.isdir(native):
         return [store.info(native)], None, None
     root = native.rstrip("/")
     data, manifest = [], None
@@ -344,8 +346,8 @@ def _list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | 
             data.append(obj)
     if not data:
         raise EmptyDatasetError(
-            f"{source}: the folder holds no data file (names starting with '_' or '.' and "
-            "'.crc' files are skipped)")
+            f"{source}: the folder is missing or holds no data file (names starting with '_' "
+            "or '.' and '.crc' files are skipped)")
     return data, root, manifest
 
 
@@ -361,8 +363,9 @@ def _open_remote(source: object, store: Store, cache: Cache | None
                              PurePosixPath(plain(root))) for o in objects]
     if manifest_obj is not None and root is not None:
         url = store.url(manifest_obj.path)
-        text = bytes(store.read(manifest_obj.path, 0, manifest_obj.size)).decode("utf-8",
-                                                                                  "replace")
+        whole = (0, manifest_obj.size)  # cached like data: keyed by its version, never stale
+        text = bytes(cached_ranges(store, cache, manifest_obj.path, manifest_obj.version,
+                                   [whole])[whole]).decode("utf-8", "replace")
         by_name = {o.path[len(root) + 1:]: o for o in objects}
         manifest = match_manifest(text, url, {n: o.size for n, o in by_name.items()},
                                   lambda name: name)

@@ -111,7 +111,7 @@ def coalesce(ranges: Sequence[Range], hole: int, part: int) -> list[Range]:
     out: list[Range] = []
     for off, n in merged:
         pieces = max(1, -(-n // part))
-        step = -(-n // pieces)
+        step = max(1, -(-n // pieces))  # an empty range needs no request
         out.extend((o, min(step, off + n - o)) for o in range(off, off + n, step))
     return out
 

@@ -75,6 +75,30 @@ def test_s3_manifest_opens_without_reading_footers(moto_s3: object, tmp_path: Pa
     assert np.array_equal(np.sort(ids), np.arange(ROWS))
 
 
+
+def test_s3_warm_open_is_one_listing(s3_proxy: Callable[..., object], tmp_path: Path) -> None:
+    # A folder URL ("/" at its end) is listed without asking whether it is one, and the
+    # manifest comes from the cache (keyed by its ETag) once fetched.
+    table = pa.table({"id": np.arange(ROWS), "x": np.arange(ROWS, dtype=np.float32) / 7})
+    pqloader.write_dataset(table, tmp_path / "flat", rows_per_file=2000, row_group_size=1000)
+    proxy = s3_proxy()
+    url = proxy.upload_dir(tmp_path / "flat")  # type: ignore[attr-defined]
+    assert url.endswith("/")
+    cache = pqloader.Cache(tmp_path / "cache")
+    options = proxy.storage_options  # type: ignore[attr-defined]
+    cold = pqloader.ParquetDataset(url, storage_options=options, cache=cache)
+    assert cold.io_stats()["requests"] == 1  # the manifest
+    seen = len(proxy.requests())  # type: ignore[attr-defined]
+    warm = pqloader.ParquetDataset(url, storage_options=options, cache=cache)
+    requests = proxy.requests()[seen:]  # type: ignore[attr-defined]
+    assert len(requests) == 1 and "list-type" in requests[0].query
+    assert warm.io_stats()["requests"] == 0 and len(warm) == ROWS
+    ids = np.concatenate([b["id"].numpy() for b in pqloader.DataLoader(
+        warm, batch_size=1000, shuffle=True, num_workers=2)])
+    assert np.array_equal(np.sort(ids), np.arange(ROWS))
+    with pytest.raises(pqloader.EmptyDatasetError, match="missing or holds no data file"):
+        pqloader.ParquetDataset(url + "no-such-folder/", storage_options=options)
+
 def test_s3_warm_cache_makes_no_requests_and_a_changed_object_is_refetched(
         moto_s3: object, local_dataset: Path, tmp_path: Path) -> None:
     url = moto_s3.upload_dir(local_dataset)  # type: ignore[attr-defined]

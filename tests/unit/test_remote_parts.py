@@ -56,6 +56,7 @@ def test_coalesce_merges_near_ranges_and_splits_big_ones() -> None:
     pieces = coalesce([(0, 2500)], hole=0, part=1000)
     assert pieces == [(0, 834), (834, 834), (1668, 832)]
     assert sum(n for _, n in pieces) == 2500
+    assert coalesce([(5, 0)], hole=0, part=1000) == []  # nothing to fetch
 
 
 def test_limiter_halves_on_throttle_and_creeps_back() -> None:
@@ -288,9 +289,15 @@ def test_unknown_protocol_says_what_to_install() -> None:
         pqloader.ParquetDataset("nosuchproto://bucket/data")
 
 
-def _tails(cache: Cache, sizes: dict[str, int]) -> list[object]:
-    """The entries that hold a file's footer (its last bytes), not a row group."""
-    return [e for e in cache.entries() if e.offset + e.length == sizes[e.url]]
+def _kinds(cache: Cache, sizes: dict[str, int]) -> dict[str, list[object]]:
+    """The cache's entries by what they hold: a data file's footer (its last bytes), a row
+    group, or another object (the manifest)."""
+    out: dict[str, list[object]] = {"footer": [], "row group": [], "other": []}
+    for e in cache.entries():
+        kind = "other" if e.url not in sizes else (
+            "footer" if e.offset + e.length == sizes[e.url] else "row group")
+        out[kind].append(e)
+    return out
 
 
 def test_memory_one_cache_entry_per_row_group(memory_dataset: str, tmp_path: Path) -> None:
@@ -299,9 +306,10 @@ def test_memory_one_cache_entry_per_row_group(memory_dataset: str, tmp_path: Pat
     assert np.array_equal(np.sort(np.concatenate([b["x"].numpy() for b in pqloader.DataLoader(
         ds, batch_size=1000, shuffle=True)])), np.arange(20_000))
     sizes = {f: fsspec.filesystem("memory").size(f) for f in ds.files}
-    tails = _tails(cache, sizes)
-    assert len(tails) == len(ds.files)
-    assert len(cache.entries()) - len(tails) == ds.num_row_groups
+    kinds = _kinds(cache, sizes)
+    assert len(kinds["footer"]) == len(ds.files)
+    assert len(kinds["row group"]) == ds.num_row_groups
+    assert [e.url.rsplit("/", 1)[-1] for e in kinds["other"]] == ["_pqloader_manifest.json"]
 
 
 def test_memory_projection_caches_only_the_projected_columns(tmp_path: Path) -> None:
@@ -338,7 +346,6 @@ def test_memory_projection_caches_only_the_projected_columns(tmp_path: Path) -> 
             md = pq.read_metadata(handle)
         for g in range(md.num_row_groups):
             projected += sum(md.row_group(g).column(c).total_compressed_size for c in (0, 4))
-    tails = _tails(cache, sizes)
-    data = [e for e in cache.entries() if e not in tails]
+    data = _kinds(cache, sizes)["row group"]
     assert len(data) == 2 * ds.num_row_groups  # id and pad3 apart: two ranges, no gap
     assert sum(e.length for e in data) == projected
