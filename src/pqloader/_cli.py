@@ -1,4 +1,4 @@
-"""The command line: `pqloader inspect` a dataset, `pqloader write` one from CSV, JSON, Parquet."""
+"""The command line: `pqloader inspect|write|bench|tune|audit|cache`, one function each."""
 
 from __future__ import annotations
 
@@ -7,38 +7,20 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.csv as pa_csv
-import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 import pqloader
 
-FORMATS = ("csv", "jsonl", "parquet")
-CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
-_EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
-               ".parquet": "parquet"}
-_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")  # pyarrow decompresses these by extension
-_HINTS = {"csv": "CSV column types are guessed from the first rows; make later values fit them",
-          "jsonl": "JSON Lines expected: one object per line, with the same keys and types",
-          "parquet": "the file may be truncated or corrupt"}
+from ._convert import CODECS, FORMATS, HINTS, CommandFailure, counted, guess_format, open_source
+
 _MAX_FILES_SHOWN = 20
 _WRITE_DEFAULTS = {name: p.default  # one source of truth: write_dataset's own defaults
                    for name, p in inspect.signature(pqloader.write_dataset).parameters.items()
                    if name in ("rows_per_file", "row_group_size", "compression")}
-
-
-class _Failure(Exception):
-    """A failure to report as ``pqloader: <message>``; ``code`` 2 means bad usage."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 # -- inspect ---------------------------------------------------------------------------------
@@ -116,98 +98,33 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 # -- write -----------------------------------------------------------------------------------
-def guess_format(source: str) -> str:
-    """``'csv'``, ``'jsonl'`` or ``'parquet'`` from the extension; a directory is Parquet."""
-    path = Path(source)
-    if path.is_dir():
-        return "parquet"
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in _COMPRESSED:
-        suffixes.pop()
-    fmt = _EXTENSIONS.get(suffixes[-1]) if suffixes else None
-    if fmt is None:
-        raise _Failure(f"{source}: cannot tell the format from the name; pass "
-                       f"--format {{{','.join(FORMATS)}}}", code=2)
-    return fmt
-
-
-def _parquet_batches(source: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], list[str]]:
-    """The dataset's batches file by file, hive partition columns put back from the paths."""
-    ds = pqloader.ParquetDataset(source)  # checks every footer and the schema before writing
-    schema, root = ds.schema, Path(source)
-
-    def gen() -> Iterator[pa.RecordBatch]:
-        for path in ds.files:
-            parts: dict[str, str | None] = {}
-            for part in Path(path).relative_to(root).parent.parts if root.is_dir() else ():
-                key, _, value = part.partition("=")
-                value = unquote(value)
-                parts[key] = None if value == "__HIVE_DEFAULT_PARTITION__" else value
-            try:
-                for batch in pq.ParquetFile(path).iter_batches():
-                    arrays = [pa.array([parts[f.name]] * batch.num_rows, pa.string())
-                              if f.name in parts else batch.column(f.name) for f in schema]
-                    yield pa.RecordBatch.from_arrays(
-                        [a if a.type.equals(f.type) else a.cast(f.type)
-                         for a, f in zip(arrays, schema, strict=True)], schema=schema)
-            except (pa.ArrowException, OSError) as exc:
-                raise _Failure(f"{path}: {exc}; {_HINTS['parquet']}") from exc
-
-    return schema, gen(), ds.files
-
-
-def _open(source: str, fmt: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], list[str]]:
-    if fmt == "parquet":
-        return _parquet_batches(source)
-    if not Path(source).is_file():
-        raise _Failure(f"{source}: no such file (a {fmt} source is one file); check the path")
-    if fmt == "csv":
-        reader = pa_csv.open_csv(source)
-    elif hasattr(pa_json, "open_json"):
-        reader = pa_json.open_json(source)
-    else:  # pyarrow < 19 has no streaming JSON reader: the file is read whole
-        reader = pa_json.read_json(source).to_reader()
-    return reader.schema, iter(reader), [source]
-
-
-def _counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str,
-             rows: list[int]) -> Iterator[pa.RecordBatch]:
-    """Pass batches through, counting rows; a read error names the file it came from."""
-    try:
-        for batch in batches:
-            rows[0] += batch.num_rows
-            yield batch
-    except (pa.ArrowException, OSError) as exc:
-        raise _Failure(f"{source}: {exc}; {_HINTS[fmt]}") from exc
-
-
 def _cmd_write(args: argparse.Namespace) -> int:
     source = args.src.removeprefix("file://")
     fmt = args.format or guess_format(source)
     try:
-        schema, batches, inputs = _open(source, fmt)
+        schema, batches, inputs = open_source(source, fmt)
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, pqloader.PQLoaderError):
             raise
-        raise _Failure(f"{source}: {exc}; {_HINTS[fmt]}, or pass --format if it is not "
+        raise CommandFailure(f"{source}: {exc}; {HINTS[fmt]}, or pass --format if it is not "
                        f"{fmt}") from exc
     dst, src = Path(args.dst).resolve(), Path(source).resolve()
     if (src.is_dir() and dst.is_relative_to(src)) or any(
             Path(p).resolve().is_relative_to(dst) for p in inputs):
-        raise _Failure(f"{args.dst} and {source} overlap; write outside the input, or "
+        raise CommandFailure(f"{args.dst} and {source} overlap; write outside the input, or "
                        "reading either later would see the other", code=2)
     rows = [0]
-    stream = pa.RecordBatchReader.from_batches(schema, _counted(batches, source, fmt, rows))
+    stream = pa.RecordBatchReader.from_batches(schema, counted(batches, source, fmt, rows))
     try:
         paths = pqloader.write_dataset(
             stream, args.dst, rows_per_file=args.rows_per_file,
             row_group_size=args.row_group_size, compression=args.compression,
             overwrite=args.overwrite, progress=not args.no_progress)
     except pqloader.InvalidArgumentError as exc:  # its advice is for Python callers
-        raise _Failure(str(exc).replace("overwrite=True", "--overwrite")) from exc
-    except _Failure as exc:  # the files finished before the error stay: say so
+        raise CommandFailure(str(exc).replace("overwrite=True", "--overwrite")) from exc
+    except CommandFailure as exc:  # the files finished before the error stay: say so
         done = len(list(Path(args.dst).glob("part-*.parquet")))
-        raise _Failure(f"{exc}; {args.dst} keeps {done} files written before the error: "
+        raise CommandFailure(f"{exc}; {args.dst} keeps {done} files written before the error: "
                        "delete them or rerun with --overwrite" if done else str(exc)) from exc
     files, count = len(paths), rows[0]
     print(f"wrote {files:,} file{'s' * (files != 1)}, {count:,} row{'s' * (count != 1)} to "
@@ -390,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         code: int = args.run(args)
         sys.stdout.flush()  # a closed pipe fails here, where it is handled
         return code
-    except _Failure as exc:
+    except CommandFailure as exc:
         if exc.code == 2:
             args.parser.print_usage(sys.stderr)
             print(f"{args.parser.prog}: error: {exc}", file=sys.stderr)
