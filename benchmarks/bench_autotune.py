@@ -11,7 +11,9 @@ workloads are those of bench_tabular (W1), bench_tokens (W2) and bench_images (W
 FlipCrop transform), on the same generated data. Reported per workload: the best hand setting's
 steady rate (the median over the later half of the epochs: page cache warm, and auto's first
 comparison of every count, ~3 epochs of W1, is over), auto's rate over the same epochs and in
-epoch 1 (the tuning included), their ratios, and the thread count auto settled on.
+epoch 1 (the tuning included), their ratios, and the thread count auto settled on. Beside them
+runs the workload's floor (its own benchmark's: decode only, in file order, no shuffle), once
+per epoch, so that every setting's steady rate also reads as a ratio to the floor.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import harness
 
 SEED = 0
 HAND = ("w0", "w1", "w2")
-SETTINGS = (*HAND, "auto")
+SETTINGS = ("floor", *HAND, "auto")
 # workload: (bench module, default rows, files, row-group rows, batch size)
 WORKLOADS: dict[str, tuple[str, int, int, int, int]] = {
     "w1": ("bench_tabular", 8_000_000, 16, 65_536, 4096),
@@ -68,9 +70,27 @@ def _units(workload: str, batch: dict[str, Any]) -> int:
     return len(batch["label"])
 
 
+def run_floor(workload: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The workload's floor (its own benchmark's), once per epoch: decode only, no shuffle."""
+    path = data_path(workload, args.tiny, args.data)
+    *_, batch_size = shape(workload, args.tiny)
+    module = __import__(WORKLOADS[workload][0])
+    floor_args = argparse.Namespace(batch_size=batch_size)
+    rates = []
+    for _ in range(args.epochs):
+        if workload == "w3":
+            r = module.run_floor(path, floor_args, "threads")
+        else:
+            r = module.run_floor(path, floor_args)
+        rates.append(r["tokens" if workload == "w2" else "rows"] / r["seconds"])
+    return {"rates": rates}
+
+
 def run_setting(workload: str, setting: str, args: argparse.Namespace) -> dict[str, Any]:
     import pqloader
 
+    if setting == "floor":
+        return run_floor(workload, args)
     path = data_path(workload, args.tiny, args.data)
     *_, batch_size = shape(workload, args.tiny)
     options: dict[str, Any] = {}
@@ -116,6 +136,10 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             if setting == "auto":
                 s["threads"] = [r["threads"] for r in ok]
         out[setting] = s
+    floor = out.get("floor", {}).get("rate")
+    for s in out.values():
+        if floor and "rate" in s:
+            s["x_floor"] = s["rate"] / floor
     hand = {k: v["rate"] for k, v in out.items() if k in HAND and "rate" in v}
     if hand and "rate" in out.get("auto", {}):
         best = max(hand, key=hand.__getitem__)
@@ -131,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs per setting; medians reported")
     p.add_argument("--data", type=Path, help="folder for the datasets (default: the temp dir)")
     p.add_argument("--tiny", action="store_true",
-                   help="tiny datasets, w0 and auto only, 2 epochs, 1 repeat: a smoke run")
+                   help="tiny datasets, floor, w0 and auto only, 2 epochs, 1 repeat: a smoke run")
     p.add_argument("--child", help=argparse.SUPPRESS)  # WORKLOAD:SETTING
     args = p.parse_args(argv)
     if args.tiny:
@@ -149,11 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"num_workers='auto' against hand-set thread workers; {args.epochs} epochs per run, "
           f"median of {args.repeats}; rate: median over epochs "
           f"{args.epochs // 2 + 1}..{args.epochs} (steady: auto has settled)")
-    print(f"{'workload':<9}{'setting':<8}{'rate':>14}{'epoch 1':>14}{'x best':>8}"
+    print(f"{'workload':<9}{'setting':<8}{'rate':>14}{'epoch 1':>14}{'x floor':>9}{'x best':>8}"
           f"{'x best (ep 1)':>15}{'threads':>9}{'RSS MiB':>9}")
     for workload in workloads:
         ensure(workload, args.tiny, args.data)
-        settings = ["w0", "auto"] if args.tiny else list(SETTINGS)  # tiny: a smoke run
+        settings = ["floor", "w0", "auto"] if args.tiny else list(SETTINGS)  # tiny: a smoke run
         runs = harness.interleave(
             settings, args.repeats,
             lambda s, w=workload: harness.run_child(__file__, f"{w}:{s}", child_argv(args)),
@@ -167,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             x = f"{s['x_best']:.2f}" if "x_best" in s else ""
             x1 = f"{s['x_best_first_epoch']:.2f}" if "x_best" in s else ""
             threads = ",".join("-" if t is None else str(t) for t in s.get("threads", []))
+            xf = f"{s['x_floor']:.2f}" if "x_floor" in s else ""
             print(f"{workload:<9}{setting:<8}{s['rate']:>14,.0f}{s['first_epoch']:>14,.0f}"
-                  f"{x:>8}{x1:>15}{threads:>9}{s['peak_rss_mib']:>9,}")
+                  f"{xf:>9}{x:>8}{x1:>15}{threads:>9}{s['peak_rss_mib']:>9,}")
+    print("floor: the workload's own benchmark's floor (decode only, in file order), once per "
+          "epoch")
     print("rate: rows/s (w1, w3) or real tokens/s (w2); x best: auto over the best hand "
           "setting's rate; threads: what auto settled on in each run (-: still comparing)")
     print("RESULT " + json.dumps(result))
