@@ -48,28 +48,25 @@ def window_bytes(budget_bytes: int, streams: int) -> int:
 
 
 class MemoryBudget:
-    """Holds one process's share of a loader's budget. Picklable: each process counts from its
-    own :meth:`start`.
+    """Holds a loader's budget in the one process that iterates it (thread workers or none;
+    worker processes are refused, since their RSS hides the pages they copy on write).
 
     Args:
-        total_bytes: the RSS the whole loader may add (all its processes together).
+        budget_bytes: the RSS the loader may add above what the process held at :meth:`start`.
     """
 
-    def __init__(self, total_bytes: int) -> None:
-        self.total_bytes = total_bytes
-        self.budget_bytes = total_bytes  # this process's share
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
         self._baseline: int | None = None
 
     def __getstate__(self) -> dict[str, int]:
-        return {"total_bytes": self.total_bytes}
+        return {"budget_bytes": self.budget_bytes}
 
     def __setstate__(self, state: dict[str, int]) -> None:
-        self.__init__(state["total_bytes"])  # type: ignore[misc]
+        self.__init__(state["budget_bytes"])  # type: ignore[misc]
 
-    def start(self, parts: int = 1) -> None:
-        """Count from now, holding ``1 / parts`` of the budget (a worker process's share): the
-        RSS at this moment is the baseline."""
-        self.budget_bytes = self.total_bytes // max(1, parts)
+    def start(self) -> None:
+        """Count from now: the RSS at this moment is the baseline."""
         self._baseline = rss_bytes()
 
     def used(self) -> int:

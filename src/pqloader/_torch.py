@@ -172,8 +172,15 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         epoch, start = self._cursor.get()
-        if info is not None and (memory := self._planner.stages.memory) is not None:
-            memory.start(workers + 1)  # this worker process's share; the parent has one too
+        if (memory := self._planner.stages.memory) is not None:
+            if info is not None:
+                raise InvalidArgumentError(
+                    "memory_budget_bytes is held in one process: torch's worker processes each "
+                    "count pages they share with the parent and copy on write, which their own "
+                    "RSS does not show. Iterate with num_workers=0, use pqloader.DataLoader "
+                    "(thread workers), or size shuffle_window_rows yourself"
+                )
+            memory.start()
         plan = self._planner.plan(epoch, workers)
         # torch collects round-robin from its worker 0; after ``start`` batches the next one
         # belongs to plan worker start % workers, so torch's worker i plays that one + i.

@@ -92,3 +92,23 @@ def test_a_budget_with_process_workers_is_refused(tmp_path: Path,
     with pytest.raises(pqloader.InvalidArgumentError, match="thread workers"):
         pqloader.DataLoader(big, batch_size=64, num_workers=2, worker_type="process",
                             memory_budget_bytes=BUDGET)
+
+
+def test_to_torch_holds_the_budget_in_process(big: pqloader.ParquetDataset) -> None:
+    import torch
+
+    it = big.to_torch(batch_size=4096, shuffle=True, seed=1, memory_budget_bytes=BUDGET)
+    loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=0)
+    added, ids = _peak_added(loader)  # type: ignore[arg-type]
+    assert added <= BUDGET, f"added {added / MIB:.0f} MiB over a {BUDGET / MIB:.0f} MiB budget"
+    assert np.array_equal(np.sort(ids), np.arange(ROWS))
+
+
+def test_to_torch_with_a_budget_refuses_torch_worker_processes(
+        big: pqloader.ParquetDataset) -> None:
+    import torch
+
+    it = big.to_torch(batch_size=4096, memory_budget_bytes=BUDGET)
+    loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=1)
+    with pytest.raises(pqloader.InvalidArgumentError, match=r"one process.*num_workers=0"):
+        next(iter(loader))
