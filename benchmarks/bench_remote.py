@@ -17,6 +17,8 @@ repeats:
 
 Rows/s are timed from opening the dataset (listing and footers included) to the last batch;
 importing torch, pqloader and s3fs (~0.7 s on this machine) happens before the clock starts.
+``paired`` is the median over rounds of a method's rate over local's in the same round: steadier
+than the ratio of medians on a machine where other work comes and goes.
 """
 
 from __future__ import annotations
@@ -140,13 +142,21 @@ def main(argv: list[str] | None = None) -> int:
     local = summary["local"].get("rows_per_s")
     print(f"\nW1 shape over S3 ({args.server} behind nginx adding {args.latency_ms:g} ms per "
           f"request): {args.rows:,} rows, {args.files} files; median of {args.repeats}")
-    print(f"{'method':<12}{'rows/s':>12}{'x local':>9}{'GETs':>8}{'MiB got':>9}{'peak RSS':>10}")
+    print(f"{'method':<12}{'rows/s':>12}{'x local':>9}{'paired':>8}{'GETs':>8}{'MiB got':>9}"
+          f"{'peak RSS':>10}")
     for method, s in summary.items():
         if "rows_per_s" not in s:
             print(f"{method:<12}  FAILED: {s['errors'][:1]}")
             continue
         s["x_local"] = s["rows_per_s"] / local if local else None
-        print(f"{method:<12}{s['rows_per_s']:>12,.0f}{s['x_local']:>9.2f}{s['requests']:>8,.0f}"
+        # paired: the median over rounds of the rate over local's in the same round, steadier
+        # than a ratio of medians when other work comes and goes on the machine
+        s["x_local_paired"] = statistics.median(
+            r["rows_per_s"] / base["rows_per_s"]
+            for r, base in zip(s["runs"], summary["local"]["runs"], strict=True)
+        ) if local else None
+        ratios = f"{s['x_local']:>9.2f}{s['x_local_paired']:>8.2f}" if local else f"{'-':>17}"
+        print(f"{method:<12}{s['rows_per_s']:>12,.0f}{ratios}{s['requests']:>8,.0f}"
               f"{s['mib']:>9,.0f}{s['peak_rss_mib']:>10,}")
     print("RESULT " + json.dumps({"benchmark": "remote", "commit": commit, "rows": args.rows,
                                   "server": args.server, "latency_ms": args.latency_ms,
