@@ -1,14 +1,13 @@
-"""Sources to fragments: expand paths, read every footer in parallel, unify the schema."""
+"""Sources to fragments: expand paths and URLs, read every footer in parallel, index them."""
 
 from __future__ import annotations
 
 import glob
 import os
-import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path, PurePath, PurePosixPath
+from pathlib import Path, PurePosixPath
 from urllib.parse import unquote
 
 import numpy as np
@@ -26,9 +25,9 @@ from ._errors import (
 from ._fs import ObjectInfo, Store
 from ._manifest import NAME as MANIFEST_NAME
 from ._manifest import match_manifest, read_manifest
+from ._schema import hive_partition, partition_schema, unify
 
 _GLOB_CHARS = set("*?[")
-_INT_TEXT = re.compile(r"-?[0-9]+")  # ASCII only: str.isdigit() also accepts '²'
 _MAX_FOOTER_THREADS = 32
 # Local footers: parsing one holds the GIL for most of its ~100 us, and 32 threads on 2 cores
 # fought over it. Opening 2,000 cached footers (medians, shared 2-core VM): 32 threads a file
@@ -118,18 +117,6 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
     )
 
 
-def _hive_partition(path: PurePath, root: PurePath | None) -> tuple[tuple[str, str | None], ...]:
-    if root is None or "=" not in str(path):  # no key=value folder: skip pathlib (~15 us)
-        return ()
-    parts = []
-    for part in path.relative_to(root).parent.parts:
-        key, sep, value = part.partition("=")
-        if sep and key:
-            decoded = unquote(value)
-            parts.append((key, None if decoded == "__HIVE_DEFAULT_PARTITION__" else decoded))
-    return tuple(parts)
-
-
 RowGroups = tuple[tuple[int, ...], tuple[int, ...]]  # one file's rows, bytes per row group
 LocalFooter = tuple[pq.FileMetaData, int, RowGroups, pa.Schema]  # footer, size, groups, schema
 
@@ -193,75 +180,6 @@ def _read_footer(path: Path) -> tuple[pq.FileMetaData, int]:
         ) from exc
 
 
-def _is_int64_text(value: str) -> bool:
-    return bool(_INT_TEXT.fullmatch(value)) and -(2**63) <= int(value) < 2**63
-
-
-def _partition_schema(entries: Sequence[FileEntry]) -> pa.Schema:
-    keys = [k for k, _ in entries[0].partition]
-    for entry in entries[1:]:
-        other = [k for k, _ in entry.partition]
-        if other != keys:
-            raise SchemaMismatchError(
-                f"{entry.path}: hive partition folders {other} differ from {keys} in "
-                f"{entries[0].path}; every file must sit at the same partition depth"
-            )
-    fields = []
-    for i, key in enumerate(keys):
-        values = [e.partition[i][1] for e in entries]
-        present = [v for v in values if v is not None]
-        is_int = bool(present) and all(_is_int64_text(v) for v in present)
-        fields.append(pa.field(key, pa.int64() if is_int else pa.string()))
-    return pa.schema(fields)
-
-
-def same_type(a: pa.DataType, b: pa.DataType) -> bool:
-    """Types equal up to the names of nested fields (Spark says 'element', pyarrow 'item')."""
-    if a.equals(b):
-        return True
-    list_kinds = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
-    for is_kind in list_kinds:
-        if is_kind(a) and is_kind(b):
-            if pa.types.is_fixed_size_list(a) and a.list_size != b.list_size:
-                return False
-            return same_type(a.value_type, b.value_type)
-    return False
-
-
-def _unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | None) -> pa.Schema:
-    """One schema for ``(path, schema)`` pairs, or an error naming two files that disagree."""
-    first, base = schemas[0][0], schemas[0][1].remove_metadata()
-    names = list(base.names) if columns is None else list(columns)
-    for name in names:
-        if base.get_field_index(name) < 0:
-            raise ColumnNotFoundError(
-                f"column {name!r} is not in {first}; its columns are {base.names}"
-            )
-    fields = [base.field(n) for n in names]
-    for path, schema in schemas[1:]:
-        if columns is None:
-            extra = sorted(set(schema.names) - set(names))
-            if extra:
-                raise SchemaMismatchError(
-                    f"{path} has column {extra[0]!r} that {first} lacks; "
-                    "pass columns=[...] to read the columns they share"
-                )
-        for field in fields:
-            i = schema.get_field_index(field.name)
-            if i < 0:
-                raise SchemaMismatchError(
-                    f"{path} lacks column {field.name!r} that {first} has; "
-                    "pass columns=[...] to read the columns they share"
-                )
-            other = schema.field(i).type
-            if not same_type(field.type, other):
-                raise SchemaMismatchError(
-                    f"column {field.name!r} is {field.type} in {first} but {other} in "
-                    f"{path}; cast it when writing, or leave it out with columns=[...]"
-                )
-    return pa.schema(fields)
-
-
 Groups = list[RowGroups]  # per file
 
 
@@ -284,14 +202,14 @@ def _open_local(source: object) -> tuple[list[FileEntry], list[tuple[str, pa.Sch
     manifest = read_manifest(root, paths) if root is not None else None
     groups: Groups
     if manifest is not None:
-        entries = [FileEntry(str(f.path), None, f.size_bytes, _hive_partition(f.path, root))
+        entries = [FileEntry(str(f.path), None, f.size_bytes, hive_partition(f.path, root))
                    for f in manifest.files]
         schemas = [(entries[0].path, manifest.schema)]
         groups = [(f.row_group_rows, f.row_group_bytes) for f in manifest.files]
     else:
         footers = _local_footers(paths)
         entries = [
-            FileEntry(str(p), md, size, _hive_partition(p, root))
+            FileEntry(str(p), md, size, hive_partition(p, root))
             for p, (md, size, _, _) in zip(paths, footers, strict=True)
         ]
         schemas = [(e.path, f[3]) for e, f in zip(entries, footers, strict=True)]
@@ -359,7 +277,7 @@ def _open_remote(source: object, store: Store, cache: Cache | None
             objects = list(pool.map(lambda o: o if o.size > 0 else store.info(o.path), objects))
     # URLs of HTTP listings arrive percent-encoded ('part%3D0'): decode them once first.
     plain = unquote if store.protocol in ("http", "https") else str
-    parts = [_hive_partition(PurePosixPath(plain(o.path)), None if root is None else
+    parts = [hive_partition(PurePosixPath(plain(o.path)), None if root is None else
                              PurePosixPath(plain(root))) for o in objects]
     if manifest_obj is not None and root is not None:
         url = store.url(manifest_obj.path)
@@ -388,7 +306,7 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
            columns: Sequence[str] | None, store: Store | None, cache: Cache | None
            ) -> Discovery:
     """The fragment index and the unified, projected schema of opened files."""
-    part_schema = _partition_schema(entries)
+    part_schema = partition_schema(entries)
     if columns is not None:
         columns = list(columns)
         if len(set(columns)) != len(columns):
@@ -396,7 +314,7 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
         file_cols = [c for c in columns if c not in part_schema.names]
     else:
         file_cols = None
-    schema = _unify(schemas, file_cols)
+    schema = unify(schemas, file_cols)
     for field in part_schema:
         if schema.get_field_index(field.name) >= 0:
             raise SchemaMismatchError(
