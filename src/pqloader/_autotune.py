@@ -9,9 +9,11 @@ The rate is noisy on a shared machine: one count's rate swung 2-3x between secon
 than the counts differ from each other. So no single interval decides. Counts are compared in
 turns (``a b c c b a a b c c b a``: ``passes`` intervals each, the direction alternating, so a
 slow spell or a steady drift of the machine weighs on every count alike) and ranked by their
-median rate. A count far behind the best after the first turn is not measured again, so little
-time goes to bad settings. The winner is the fewest threads within ``tolerance`` of the best
-median: fewer threads leave cores to the training step and hold less memory.
+median rate. A count far behind the best (under 60% of it) after the first turn is not measured
+again, so little time goes to bad settings. The winner is the fewest threads within
+``tolerance`` of the best median: fewer threads leave cores to the training step and hold less
+memory. The first interval of each epoch is not counted: every stream then reads its first
+window at once, and whichever count is measured then looks slow.
 
 The first comparison takes every count from ``S`` to 0 (``S`` is small: at most 8). Later ones
 take the settled count and its neighbours; when a neighbour wins, its own neighbours are
@@ -52,7 +54,7 @@ class ThreadTuner:
 
     def __init__(self, max_threads: int, *, interval_s: float = 0.5, min_batches: int = 8,
                  settle_batches: int = 4, tolerance: float = 0.05, passes: int = 4,
-                 drop_below: float = 0.75, hold_intervals: int = 40) -> None:
+                 drop_below: float = 0.6, hold_intervals: int = 40) -> None:
         self.max_threads = max(0, max_threads)
         self.interval_s = interval_s
         self.min_batches = max(1, min_batches)
@@ -72,15 +74,19 @@ class ThreadTuner:
         self._settling = self.settle_batches
         self._t0 = 0.0
         self._batches = 0
+        self._warming = False  # the next full interval is an epoch's cold start: not counted
 
     @property
     def threads(self) -> int:
         return self.report.threads
 
     def restart_interval(self) -> None:
-        """Forget a partly measured interval (a new epoch: its first window is a cold start)."""
+        """A new epoch: forget a partly measured interval, and do not count the next one
+        either, since every stream then reads its first window at once (a cold start that
+        made the count measured first look ~2x slower on W3, measured)."""
         self._settling = self.settle_batches
         self._t0, self._batches = 0.0, 0
+        self._warming = True
 
     def observe(self, now: float | None = None) -> int | None:
         """One more batch delivered; a new thread count to set, or None."""
@@ -98,6 +104,9 @@ class ThreadTuner:
             return None
         rate = self._batches / max(elapsed, 1e-9)
         self._t0, self._batches = now, 0
+        if self._warming:
+            self._warming = False
+            return None
         return self._measured(rate)
 
     # -- the search -------------------------------------------------------------------------
