@@ -12,8 +12,8 @@ slow spell or a steady drift of the machine weighs on every count alike) and ran
 median rate. A count far behind the best (under 60% of it) after the first turn is not measured
 again, so little time goes to bad settings. The winner is the fewest threads within
 ``tolerance`` of the best median: fewer threads leave cores to the training step and hold less
-memory. The first interval of each epoch is not counted: every stream then reads its first
-window at once, and whichever count is measured then looks slow.
+memory. The tuner's first interval is not counted: every stream then reads its first window at
+once into freshly faulted memory, and whichever count is measured then looks slow.
 
 The first comparison takes every count from ``S`` to 0 (``S`` is small: at most 8). Later ones
 take the settled count and its neighbours; when a neighbour wins, its own neighbours are
@@ -74,19 +74,19 @@ class ThreadTuner:
         self._settling = self.settle_batches
         self._t0 = 0.0
         self._batches = 0
-        self._warming = False  # the next full interval is an epoch's cold start: not counted
+        # the first full interval is the process's cold start (first windows read at once into
+        # freshly faulted memory, first calls): not counted. It made the count measured first,
+        # 2 threads, look ~2x slower on W3 (measured), and it was dropped.
+        self._warming = True
 
     @property
     def threads(self) -> int:
         return self.report.threads
 
     def restart_interval(self) -> None:
-        """A new epoch: forget a partly measured interval, and do not count the next one
-        either, since every stream then reads its first window at once (a cold start that
-        made the count measured first look ~2x slower on W3, measured)."""
+        """Forget a partly measured interval (a new epoch: its first window is a cold start)."""
         self._settling = self.settle_batches
         self._t0, self._batches = 0.0, 0
-        self._warming = True
 
     def observe(self, now: float | None = None) -> int | None:
         """One more batch delivered; a new thread count to set, or None."""

@@ -199,10 +199,10 @@ def test_tuner_spends_little_time_on_a_far_slower_count() -> None:
     assert measured.count(0) <= 2  # the descent's interval and the first turn only
 
 
-def test_tuner_does_not_count_an_epochs_cold_start() -> None:
-    """Every stream reads its first window as an epoch begins: the first interval runs slow
-    whatever the count. Counted, it made the best count (measured first) look worst and be
-    dropped (W3, measured)."""
+def test_tuner_does_not_count_the_cold_start() -> None:
+    """Every stream reads its first window into fresh memory as the loader starts: the first
+    interval runs slow whatever the count. Counted, it made the best count (measured first)
+    look worst and be dropped (W3, measured)."""
     tuner = ThreadTuner(2, interval_s=0.5, settle_batches=2)
     tuner.restart_interval()
     rates = {2: 200, 1: 120, 0: 100}
