@@ -113,7 +113,6 @@ class ThreadTuner:
     def _measured(self, rate: float) -> int | None:
         current = self.report.threads
         if not self._samples:  # holding the settled count
-            self.report.rates[current] = rate
             self._held += 1
             if self._held < self.hold_intervals:
                 return None
@@ -132,7 +131,8 @@ class ThreadTuner:
         tolerance of the best: a noisy check alone does not move it."""
         self._held = 0
         self._centre, self._incumbent = centre, incumbent
-        if len(counts) == 1:
+        if len(counts) == 1:  # nothing to compare (max_threads 0)
+            self.report.settled = counts[0]
             return self._switch(counts[0])
         self._samples = {t: [] for t in counts}
         self._pruned = False
