@@ -10,7 +10,8 @@ for ``--epochs`` epochs on one loader (the tuner keeps what it learned across ep
 workloads are those of bench_tabular (W1), bench_tokens (W2) and bench_images (W3, with its
 FlipCrop transform), on the same generated data. Reported per workload: the best hand setting's
 steady rate (the median over the later half of the epochs: page cache warm, and auto's first
-comparison of every count, ~3 epochs of W1, is over), auto's rate over the same epochs and in
+comparison of every count, ~7 s, is mostly over; W1's epochs take ~1.2 s on a quiet machine, so
+give it ``--epochs 10``), auto's rate over the same epochs and in
 epoch 1 (the tuning included), their ratios, and the thread count auto settled on. Beside them
 runs the workload's floor (its own benchmark's: decode only, in file order, no shuffle), once
 per epoch, so that every setting's steady rate also reads as a ratio to the floor.
