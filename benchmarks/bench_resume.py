@@ -238,15 +238,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _modified(package: Path) -> list[str] | None:
-    """Files of the measured package that differ from the commit (others edit src/ meanwhile)."""
-    try:
-        return subprocess.run(["git", "status", "--porcelain", "--", "."], capture_output=True,
-                              text=True, check=True, cwd=package).stdout.split("\n")[:-1]
-    except (OSError, subprocess.CalledProcessError):
-        return None  # not in a checkout (a snapshot on PYTHONPATH, an installed wheel)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
@@ -259,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
     commit = harness.commit()  # before the runs: others may commit while they go on
     package = Path(pqloader.__file__).parent
-    modified = _modified(package)
+    modified = harness.modified(package)
     ensure_data(args.data, args.rows, args.files, args.row_group_size)
     with tempfile.TemporaryDirectory(prefix="pqloader-bench-resume-") as folder:
         states, num_batches = save_states(args, Path(folder))

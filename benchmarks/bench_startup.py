@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -234,15 +233,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _modified(package: Path) -> list[str] | None:
-    """Files of the measured package that differ from the commit (others edit src/ meanwhile)."""
-    try:
-        return subprocess.run(["git", "status", "--porcelain", "--", "."], capture_output=True,
-                              text=True, check=True, cwd=package).stdout.split("\n")[:-1]
-    except (OSError, subprocess.CalledProcessError):
-        return None  # not in a checkout (a snapshot on PYTHONPATH, an installed wheel)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
@@ -260,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(summary, args)
     print("RESULT " + json.dumps({
         "benchmark": "startup", "commit": commit, "pqloader": str(package),
-        "pqloader_modified": _modified(package), "files": args.files,
+        "pqloader_modified": harness.modified(package), "files": args.files,
         "rows_per_file": args.rows_per_file, "row_group_size": args.row_group_size,
         "features": args.features, "batch_size": args.batch_size, "repeats": args.repeats,
         "methods": summary,

@@ -105,3 +105,12 @@ def commit() -> str | None:
                               text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def modified(package: Path) -> list[str] | None:
+    """Files of the measured package that differ from the commit (others edit src/ meanwhile)."""
+    try:
+        return subprocess.run(["git", "status", "--porcelain", "--", "."], capture_output=True,
+                              text=True, check=True, cwd=package).stdout.split("\n")[:-1]
+    except (OSError, subprocess.CalledProcessError):
+        return None  # not in a checkout (a snapshot on PYTHONPATH, an installed wheel)
