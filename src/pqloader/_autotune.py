@@ -1,9 +1,10 @@
 """Online tuning of the number of worker threads, from the measured delivery rate.
 
-``num_workers="auto"`` plans the epoch for ``S`` worker streams (one per core, at most 8) and
-lets this tuner choose, while batches flow, how many threads advance them: from ``S`` down to
-none (the caller makes batches itself). The order of batches never depends on the choice (see
-``_deliver``), so tuning changes speed only.
+``num_workers="auto"`` plans the epoch for one stream (the order of ``num_workers=0``), read
+``S`` windows ahead (one per core, at most 8), and lets this tuner choose, while batches flow,
+how many threads make its batches: from ``S`` down to none (the caller makes batches itself).
+The order of batches never depends on the choice (see ``_deliver.SharedStream``), so tuning
+changes speed only.
 
 The rate is noisy on a shared machine: one count's rate swung 2-3x between seconds here, more
 than the counts differ from each other. So no single interval decides. Counts are compared in

@@ -230,6 +230,14 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 or 'auto', got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``pqloader`` argument parser with its subcommands."""
     parser = argparse.ArgumentParser(prog="pqloader", description=__doc__)
@@ -260,7 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("path", help="a directory, a glob or a Parquet file")
     be.add_argument("--columns", type=_names, metavar="A,B", help="only these columns")
     be.add_argument("--batch-size", type=_positive_int, default=4096, metavar="N")
-    be.add_argument("--num-workers", type=int, default=2, metavar="N")
+    be.add_argument("--num-workers", type=_workers, default=2, metavar="N",
+                    help="a number, or 'auto' (tuned while it runs: measure a few epochs' "
+                    "worth, --max-batches, to see it settled)")
     be.add_argument("--worker-type", choices=("thread", "process"), default="thread")
     be.add_argument("--no-shuffle", action="store_true", help="read in file order")
     be.add_argument("--seed", type=int, default=0)

@@ -14,7 +14,7 @@ from ._memory import window_bytes
 from ._world import World
 
 WorkerType = Literal["thread", "process"]
-MAX_AUTO_WORKERS = 8  # streams planned for num_workers="auto": one per core, at most this
+MAX_AUTO_WORKERS = 8  # num_workers="auto": threads and windows read ahead, one per core, at most
 DEFAULT_WINDOW_BYTES = 64 * 2**20  # per worker: the shuffle quality / memory knob's default
 
 
@@ -105,7 +105,8 @@ def cores() -> int:
 
 
 def resolve_num_workers(num_workers: int | str, worker_type: str) -> tuple[int, bool]:
-    """(worker streams to plan, whether to tune the active threads online)."""
+    """(workers: the streams planned, or for ``"auto"`` the most threads and windows read
+    ahead; whether to tune the active threads online)."""
     if num_workers != "auto":
         return num_workers, False  # type: ignore[return-value]  # validated by WorkerConfig
     if worker_type != "thread":

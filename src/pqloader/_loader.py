@@ -43,12 +43,12 @@ class DataLoader:
             windows of ``shuffle_window_rows`` rows (default: about 64 MiB of decoded data).
         seed: with the epoch, fixes the order. Every rank must pass the same seed.
         num_workers: threads (default) or processes making batches; 0 makes them in the caller.
-            ``"auto"``: plans one worker stream per core (at most 8) and, while batches flow,
-            tunes how many threads advance them, from none to all, on the measured rate; the
-            batches and their order depend only on the number of streams, never on the
-            tuning. The caller makes the batches no thread has taken (all of them at zero
-            threads), so ``worker_init_fn`` and ``transform`` may run in the caller's thread.
-            :attr:`autotune` tells what it measured.
+            ``"auto"``: the batches of ``num_workers=0`` (one stream, whatever the tuning),
+            one window read ahead per core (at most 8), and, while batches flow, as many
+            threads collating and transforming them as the measured rate favours, from none
+            to one per core. The caller makes the batches no thread has taken (all of them at
+            zero threads), so ``worker_init_fn`` and ``transform`` may run in the caller's
+            thread. :attr:`autotune` tells what it measured.
         worker_type: ``"thread"`` (pyarrow decodes without the GIL; no copy between workers) or
             ``"process"`` (torch's worker processes, for transforms that hold the GIL).
         drop_last: drop the rank's last, short batch.
@@ -123,10 +123,12 @@ class DataLoader:
             multiprocessing_context=multiprocessing_context,
         )
         self.dataset = dataset
-        # num_workers="auto": the plan has one stream per core; the tuner picks how many
-        # threads advance them (none: the caller makes batches), from the measured rate.
+        # num_workers="auto": one stream (the order of num_workers=0), read ``streams``
+        # windows ahead (one per core); the tuner picks how many threads, up to one per core,
+        # collate and transform its batches beside the caller, from the measured rate.
         self._tuner = ThreadTuner(streams, settle_batches=prefetch_factor * streams) \
             if autotune else None
+        self._plan_workers = 1 if autotune else streams  # workers the plan deals batches to
         self._planner = Planner(dataset, self.config, audit=audit_dir is not None,
                                 streams=max(1, streams))
         self._audit_dir = audit_dir
@@ -180,7 +182,7 @@ class DataLoader:
         batches = self._batches if self._resume is None else self._resume
         origin = self._planner.origin
         chain = origin[1] if origin is not None and origin[0] == self._epoch else None
-        cursor = Cursor(self._epoch, batches, self._planner.settings(self.workers.num_workers),
+        cursor = Cursor(self._epoch, batches, self._planner.settings(self._plan_workers),
                         chain)
         return make_state(cursor, self._planner.fingerprint)
 
@@ -199,7 +201,7 @@ class DataLoader:
             StateMismatchError: the state is from another dataset or other settings.
         """
         planner = self._planner
-        current = planner.settings(self.workers.num_workers)
+        current = planner.settings(self._plan_workers)
         cursor = read_state(state, planner.fingerprint, current)
         if dict(cursor.settings) == current:
             origin, batches = cursor.origin, cursor.batches
@@ -226,10 +228,11 @@ class DataLoader:
         w = self.workers
         if (memory := self._planner.stages.memory) is not None:
             memory.start()  # thread workers only (checked in __init__): one process counts
-        if w.num_workers == 0:
+        if self._tuner is not None:
+            batches: Iterator[Any] = self._iter_auto(self._planner.plan(epoch, 1), epoch, start)
+        elif w.num_workers == 0:
             plan = self._planner.plan(epoch, 1)
-            batches: Iterator[Any] = map(self._pin_batch,
-                                         self._planner.batches(plan, 0, epoch, start))
+            batches = map(self._pin_batch, self._planner.batches(plan, 0, epoch, start))
         elif w.worker_type == "thread":
             batches = self._iter_threads(self._planner.plan(epoch, w.num_workers), epoch, start)
         else:
@@ -238,7 +241,7 @@ class DataLoader:
             c = self.config
             self._audit = AuditLog(self._audit_dir, rank=c.world.rank,
                                    world_size=c.world.world_size,
-                                   num_workers=max(1, w.num_workers),
+                                   num_workers=self._plan_workers,
                                    dataset=self._planner.fingerprint)
         for k, batch in enumerate(batches, start + 1):
             if self._audit is not None:
@@ -256,12 +259,29 @@ class DataLoader:
         return pin_memory(batch)  # type: ignore[no-untyped-call]
 
     def _iter_threads(self, plan: RankPlan, epoch: int, start: int) -> Iterator[Any]:
+        """Fixed ``num_workers``: thread ``w`` makes worker ``w``'s batches, as torch's."""
         n = self.workers.num_workers
-        tuner = self._tuner
+        streams = [self._planner.batches(plan, w, epoch, start) for w in range(n)]
+        yield from self._deliver(streams, plan.num_batches, epoch, start, threads=n)
+
+    def _iter_auto(self, plan: RankPlan, epoch: int, start: int) -> Iterator[Any]:
+        """``num_workers="auto"``: one stream's batches, by the tuned number of threads."""
+        n = self.workers.num_workers
+        shared = self._planner.shared(plan, epoch, start, ahead=n)
+        try:
+            yield from self._deliver(shared.streams(n, plan.num_batches), plan.num_batches,
+                                     epoch, start, threads=None)
+        finally:
+            shared.close()
+
+    def _deliver(self, streams: list[Iterator[Any]], stop: int, epoch: int, start: int,
+                 threads: int | None) -> Iterator[Any]:
+        """Batches ``start .. stop - 1`` of ``streams`` (``threads=None``: the tuner's)."""
+        n = len(streams)
+        tuner = self._tuner if threads is None else None
         delivery = Delivery(
-            [self._planner.batches(plan, w, epoch, start) for w in range(n)],
-            start=start, stop=plan.num_batches, depth=self.workers.prefetch_factor * n,
-            threads=n if tuner is None else tuner.threads, max_threads=n,
+            streams, start=start, stop=stop, depth=self.workers.prefetch_factor * n,
+            threads=tuner.threads if tuner is not None else threads or 0, max_threads=n,
             finish=self._pin_batch, caller_helps=tuner is not None,
             worker_init_fn=self.workers.worker_init_fn, timeout_s=self.workers.timeout,
             where=f"rank {self.config.world.rank}, epoch {epoch}",
@@ -269,10 +289,10 @@ class DataLoader:
         if tuner is not None:
             tuner.restart_interval()
         try:
-            for k in range(start, plan.num_batches):
+            for k in range(start, stop):
                 batch = delivery.get(k)
-                if tuner is not None and (threads := tuner.observe()) is not None:
-                    delivery.set_threads(threads)
+                if tuner is not None and (new := tuner.observe()) is not None:
+                    delivery.set_threads(new)
                 yield batch
         finally:
             delivery.close()

@@ -5,10 +5,13 @@ Each stage is a plain generator; :func:`worker_batches` composes them for one ``
 
 from __future__ import annotations
 
+import functools
 import inspect
+import itertools
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +59,11 @@ class Stages:
     audit: bool = False  # carry each batch's global row numbers beside it
     memory: MemoryBudget | None = None  # memory_budget_bytes, held while reading ahead
     window_bytes: int = 0  # a window's decoded bytes, estimated (its read needs about twice)
+
+    @functools.cached_property
+    def arity(self) -> int:
+        """The transform's: 2 when it takes the batch's generator (see transform_arity)."""
+        return transform_arity(self.transform)
 
     def load(self, segment: Segment) -> _Loaded:
         """Read a segment's window, permute it, keep the segment's rows."""
@@ -138,71 +146,98 @@ def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int]) -> Iterator[Columns]:
 
 
 def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
-               memory: MemoryBudget | None = None, need_bytes: int = 0) -> Iterator[_Loaded]:
-    """Load segments in order, the next one on a helper thread while this one is consumed.
+               memory: MemoryBudget | None = None, need_bytes: int = 0,
+               ahead: int = 1) -> Iterator[_Loaded]:
+    """Load segments in order, the next ``ahead`` on helper threads while one is consumed.
 
     Without it a worker stalls for a whole window load every window, and the round-robin
-    delivery waits on it while the other workers sit on full queues. Costs one window of
-    memory per worker. With a ``memory`` budget, a read ahead starts only once ``need_bytes``
-    fit in it, or once the window is needed, whichever comes first.
+    delivery waits on it while the other workers sit on full queues. Costs ``ahead`` windows
+    of memory per worker. With a ``memory`` budget, a read ahead starts only once
+    ``need_bytes`` fit in it, or once its window is needed, whichever comes first.
     """
     if not windows:
         return
-    pool = ThreadPoolExecutor(1, thread_name_prefix="pqloader-read")
-    needed = threading.Event()  # set while the consumer waits for the pending load
+    ahead = max(1, ahead)
+    pool = ThreadPoolExecutor(ahead, thread_name_prefix="pqloader-read")
+    pending: deque[tuple[Future[_Loaded], threading.Event]] = deque()
 
-    def ahead(segment: Segment) -> _Loaded:
+    def early(segment: Segment, needed: threading.Event) -> _Loaded:
         if memory is not None:
             memory.wait_for_room(need_bytes, needed)
         return load(segment)
 
+    def submit(segment: Segment) -> None:
+        needed = threading.Event()  # set once the consumer waits for this load
+        if not pending:
+            needed.set()  # the first window: the least that makes progress, read at once
+        pending.append((pool.submit(early, segment, needed), needed))
+
+    todo = iter(windows)
     try:
-        future = pool.submit(load, windows[0])
-        for nxt in windows[1:]:
+        for segment in itertools.islice(todo, ahead):
+            submit(segment)
+        while pending:
+            future, needed = pending.popleft()
             needed.set()
             current = future.result()
-            needed.clear()
-            future = pool.submit(ahead, nxt)
+            if (following := next(todo, None)) is not None:
+                submit(following)
             yield current
             del current
-        needed.set()
-        yield future.result()
     finally:
-        needed.set()  # a read ahead waiting for room stops waiting
+        for _, needed in pending:
+            needed.set()  # a read ahead waiting for room stops waiting
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
+                ahead: int = 1) -> Iterator[tuple[int, Columns]]:
+    """A worker's batches as (position, columns) cut from its permuted windows, not yet
+    collated: :func:`finish` makes each one what the user sees, in any thread.
+
+    ``skip``: batches of this worker already delivered (a resumed epoch). Segments wholly
+    before them are not read; at most the one window the cursor falls in is read partly.
+    ``ahead``: windows read ahead at once.
+    """
+    segments = advance(plan.segments, sum(plan.batch_sizes[:skip]))
+    batches = _cut(read_ahead(stages.load, segments, stages.memory, 2 * stages.window_bytes,
+                              ahead), plan.batch_sizes[skip:])
+    yield from zip(plan.positions[skip:], batches, strict=True)
+
+
+def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank: int,
+           first_position: int = 0) -> Any:
+    """One cut batch as the user will see it: collated, then transformed.
+
+    ``first_position`` offsets the batch positions that key random transforms.
+    """
+    rows = columns.pop(ROWS, None)
+    batch = (
+        stages.collate_fn(to_arrow(columns))
+        if stages.collate_fn is not None
+        else to_torch(columns, stages.kinds)
+    )
+    if stages.transform is not None:
+        try:
+            if stages.arity == 2:
+                key = [stages.seed, epoch, rank, first_position + position]
+                rng = np.random.default_rng(key)
+                batch = stages.transform(batch, rng)
+            else:
+                batch = stages.transform(batch)
+        except Exception as exc:
+            exc.add_note(f"in pqloader transform, batch {position} of rank {rank}, "
+                         f"epoch {epoch}")
+            raise
+    return batch if rows is None else (batch, rows)
 
 
 def worker_batches(
     stages: Stages, plan: WorkerPlan, *, epoch: int, rank: int, skip: int = 0,
     first_position: int = 0,
 ) -> Iterator[Any]:
-    """The batches of one worker, in order, as the user will see them.
-
-    ``skip``: batches of this worker already delivered (a resumed epoch). Segments wholly
-    before them are not read; at most the one window the cursor falls in is read partly.
-    ``first_position`` offsets the batch positions that key random transforms.
-    """
-    segments = advance(plan.segments, sum(plan.batch_sizes[:skip]))
-    batches = _cut(read_ahead(stages.load, segments, stages.memory, 2 * stages.window_bytes),
-                   plan.batch_sizes[skip:])
-    arity = transform_arity(stages.transform)
-    for position, columns in zip(plan.positions[skip:], batches, strict=True):
-        rows = columns.pop(ROWS, None)
-        batch = (
-            stages.collate_fn(to_arrow(columns))
-            if stages.collate_fn is not None
-            else to_torch(columns, stages.kinds)
-        )
-        if stages.transform is not None:
-            try:
-                if arity == 2:
-                    key = [stages.seed, epoch, rank, first_position + position]
-                    rng = np.random.default_rng(key)
-                    batch = stages.transform(batch, rng)
-                else:
-                    batch = stages.transform(batch)
-            except Exception as exc:
-                exc.add_note(f"in pqloader transform, batch {position} of rank {rank}, "
-                             f"epoch {epoch}")
-                raise
-        yield batch if rows is None else (batch, rows)
+    """The batches of one worker, in order, as the user will see them (see
+    :func:`raw_batches` for ``skip``, :func:`finish` for ``first_position``)."""
+    for position, columns in raw_batches(stages, plan, skip=skip):
+        yield finish(stages, position, columns, epoch=epoch, rank=rank,
+                     first_position=first_position)

@@ -10,9 +10,10 @@ import torch.utils.data
 
 from ._collate import column_kinds, compact
 from ._config import LoaderConfig, bytes_per_row
+from ._deliver import SharedStream
 from ._errors import InvalidArgumentError
 from ._memory import RESERVE_BYTES, WINDOWS_PER_STREAM, MemoryBudget
-from ._pipeline import Stages, worker_batches
+from ._pipeline import Stages, finish, raw_batches, worker_batches
 from ._plan import RankPlan, num_batches, plan_epoch, plan_remainder, remaining
 from ._state import fingerprint
 from ._world import resolve_world
@@ -126,6 +127,17 @@ class Planner:
             drop_last=settings["drop_last"],
             first_position=old[0].first_position + origin["batches"],
         )
+
+    def shared(self, plan: RankPlan, epoch: int, start: int, ahead: int) -> SharedStream:
+        """A one-worker plan's batches past the first ``start``, for several threads to make,
+        with ``ahead`` windows read ahead."""
+        stages, rank, first = self.stages, self.config.world.rank, plan.first_position
+
+        def make(item: tuple[int, Any]) -> Any:
+            return finish(stages, *item, epoch=epoch, rank=rank, first_position=first)
+
+        raw = raw_batches(stages, plan.workers[0], skip=start, ahead=ahead)
+        return SharedStream(raw, start=start, finish=make)
 
     def batches(self, plan: RankPlan, worker: int, epoch: int, start: int = 0) -> Iterator[Any]:
         """Worker ``worker``'s batches, past those among the rank's first ``start``."""

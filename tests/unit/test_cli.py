@@ -330,6 +330,14 @@ def test_bench_stops_after_max_batches(make_dataset, capsys) -> None:
     assert code == 0 and out.startswith("300 rows in 3 batches")
 
 
+def test_bench_takes_auto_workers(make_dataset, capsys) -> None:
+    code, out, _ = run(capsys, "bench", make_dataset(1000), "--batch-size", "100",
+                       "--num-workers", "auto", "--no-progress")
+    assert code == 0 and out.startswith("1,000 rows in 10 batches") and "auto thread" in out
+    code, _, err = run(capsys, "bench", make_dataset(1000), "--num-workers", "many")
+    assert code == 2 and "'auto'" in err
+
+
 def test_tune_ranks_settings_best_first(make_dataset, capsys) -> None:
     code, out, _ = run(capsys, "tune", make_dataset(2000), "--batch-size", "100",
                        "--max-batches", "5", "--repeats", "1", "--json")

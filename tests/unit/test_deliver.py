@@ -11,7 +11,7 @@ import pytest
 
 from pqloader import LoaderTimeoutError
 from pqloader._autotune import ThreadTuner
-from pqloader._deliver import Delivery
+from pqloader._deliver import Delivery, SharedStream
 
 
 def _streams(num: int, start: int, stop: int, closed: list[int] | None = None,
@@ -113,6 +113,66 @@ def test_close_closes_the_streams() -> None:
     d.close()
     time.sleep(0.3)
     assert sorted(closed) == [0, 1, 2]
+
+
+# -- SharedStream: one stream, made by several threads (num_workers="auto") --------------------
+def _raw(start: int, stop: int, fail_at: int | None = None,
+         closed: list[str] | None = None) -> Iterator[int]:
+    try:
+        for k in range(start, stop):
+            if k == fail_at:
+                raise ValueError(f"bad batch {k}")
+            yield k
+    finally:
+        if closed is not None:
+            closed.append("raw")
+
+
+@pytest.mark.parametrize("views", [1, 2, 3])
+@pytest.mark.parametrize("start", [0, 4])
+def test_shared_stream_gives_one_streams_batches_whatever_the_threads(views: int,
+                                                                      start: int) -> None:
+    where: set[str] = set()
+
+    def finish(b: int) -> int:
+        where.add(threading.current_thread().name)
+        time.sleep(0.0005)
+        return b * 10
+
+    shared = SharedStream(_raw(start, 200), start=start, finish=finish)
+    d = _deliver(shared.streams(views, 200), start, 200, threads=views, max_threads=views)
+    got = []
+    for k in range(start, 200):
+        got.append(d.get(k))
+        if k % 29 == 0:
+            d.set_threads(k // 29 % (views + 1))
+    d.close()
+    shared.close()
+    assert got == [10 * k for k in range(start, 200)]
+    assert len(where) > 1  # the caller and threads took turns
+
+
+def test_shared_stream_error_reaches_the_caller_at_its_batch() -> None:
+    shared = SharedStream(_raw(0, 50, fail_at=13), start=0, finish=lambda b: b)
+    d = _deliver(shared.streams(2, 50), 0, 50)
+    got = []
+    with pytest.raises(ValueError, match="bad batch 13"):
+        for b in d:
+            got.append(b)
+    assert got == list(range(13))
+
+
+def test_shared_stream_close_stops_the_raw_stream() -> None:
+    closed: list[str] = []
+    shared = SharedStream(_raw(0, 10**6, closed=closed), start=0, finish=lambda b: b)
+    d = _deliver(shared.streams(2, 10**6), 0, 10**6)
+    assert d.get(0) == 0
+    d.close()
+    shared.close()
+    deadline = time.monotonic() + 2
+    while not closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert closed == ["raw"]
 
 
 # -- the tuner ------------------------------------------------------------------------------
