@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import struct
 import threading
 import time
@@ -31,7 +32,8 @@ import pyarrow as pa
 import xxhash
 
 from ._errors import InvalidArgumentError
-from ._fs import Range, Store
+from ._fs import Store
+from ._ranges import Range
 
 Buffer: TypeAlias = bytes | memoryview | pa.Buffer
 
@@ -229,9 +231,38 @@ class Cache:
                         if entry.stat().st_mtime < cutoff:
                             os.unlink(entry.path)
 
+    def old_layouts(self) -> dict[str, int]:
+        """Folders of entries in another layout (``v1``: older pqloader versions) and the bytes
+        each holds. This version never reads them; :meth:`clear` deletes them, eviction leaves
+        them to the jobs that use them."""
+        out: dict[str, int] = {}
+        if not self.directory.is_dir():
+            return out
+        for sub in os.scandir(self.directory):
+            if sub.name != _LAYOUT and _is_layout(sub.name) and sub.is_dir(follow_symlinks=False):
+                out[sub.name] = _tree_bytes(Path(sub.path))
+        return dict(sorted(out.items()))
+
     def clear(self) -> int:
-        """Delete every entry; returns bytes freed."""
-        return self.evict(target=0)
+        """Delete every entry, old layouts' too; returns bytes freed."""
+        freed = self.evict(target=0)
+        for name, size in self.old_layouts().items():
+            shutil.rmtree(self.directory / name, ignore_errors=True)
+            freed += size - _tree_bytes(self.directory / name)  # what a writer kept, if any
+        return freed
+
+
+def _is_layout(name: str) -> bool:
+    return len(name) > 1 and name[0] == "v" and name[1:].isdigit()
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 class CorruptCacheEntry(Exception):

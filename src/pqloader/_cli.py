@@ -201,13 +201,20 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     if args.action == "clear":
         print(f"freed {human_bytes(cache.clear())} in {args.dir}")
         return 0
+    old = cache.old_layouts()
+    note = (f"plus {human_bytes(sum(old.values()))} in entries of older pqloader versions "
+            f"({', '.join(old)}), which this version never reads: `pqloader cache clear "
+            f"{args.dir}` deletes them") if old else ""
     if args.action == "du":
         entries = cache.entries()
         used = sum(e.size_bytes for e in entries)
         if args.json:
-            print(json.dumps({"dir": str(args.dir), "entries": len(entries), "bytes": used}))
+            print(json.dumps({"dir": str(args.dir), "entries": len(entries), "bytes": used,
+                              "old_layouts": old}))
         else:
             print(f"{human_bytes(used)} in {len(entries):,} entries ({args.dir})")
+            if note:
+                print(note)
         return 0
     entries = cache.entries()
     if args.json:
@@ -221,6 +228,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     print(f"{'bytes':>10}  {'ranges':>6}  url")
     for url, group in sorted(by_url.items()):
         print(f"{human_bytes(sum(e.size_bytes for e in group)):>10}  {len(group):>6}  {url}")
+    if note:
+        print(note)
     return 0
 
 

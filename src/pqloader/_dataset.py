@@ -99,9 +99,10 @@ class ParquetDataset:
         return read_footers(d.files, d.store, d.cache)
 
     def io_stats(self) -> dict[str, int]:
-        """Counts of this process's remote IO: requests, bytes, retries, throttled, timeouts,
+        """Counts of this dataset's remote IO: requests, bytes, retries, throttled, timeouts,
         cache hits/misses/corrupt entries, and the adaptive concurrency limit. Worker threads
-        count here; worker processes keep their own counts. Empty for local datasets."""
+        and worker processes (pqloader's or torch's) count here too; ``concurrency`` is this
+        process's own. Empty for local datasets."""
         store = self._discovery.store
         return {} if store is None else store.stats.as_dict()
 

@@ -21,13 +21,14 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from ._arrowfs import ArrowFs, is_arrow_fs
 from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
+from ._iostats import IOStats
+from ._ranges import Range, coalesce, cut
 from ._retry import Limiter, RetryPolicy, classify, with_timeout
-
-Range = tuple[int, int]  # (offset, length)
 
 # Extras that provide each protocol, for the install hint when one is missing.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
@@ -72,50 +73,6 @@ def make_store(source: object, storage_options: dict[str, Any] | None, filesyste
     return Store(remote.pop(), storage_options, retry=retry)
 
 
-# -- counting -------------------------------------------------------------------------------
-@dataclass
-class IOStats:
-    """What the IO of one process did, for ``loader.stats()`` (thread-safe counters)."""
-
-    requests: int = 0  # GETs that returned data (retries not counted here)
-    bytes: int = 0  # bytes fetched from the store
-    retries: int = 0  # requests repeated after a transient error
-    throttled: int = 0  # of which the store said "slow down" (503 SlowDown, 429)
-    timeouts: int = 0  # requests abandoned after the per-request timeout
-    cache_hits: int = 0
-    cache_misses: int = 0
-    cache_corrupt: int = 0  # cache entries that failed their checksum and were refetched
-    concurrency: int = 0  # the adaptive limit now
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
-
-    def as_dict(self) -> dict[str, int]:
-        with self._lock:
-            return {k: v for k, v in vars(self).items() if not k.startswith("_")}
-
-
-def coalesce(ranges: Sequence[Range], hole: int, part: int) -> list[Range]:
-    """Sorted ranges merged across gaps up to ``hole`` bytes, then cut into ``part``-byte
-    pieces, so that a large column chunk is fetched by several requests at once."""
-    merged: list[list[int]] = []
-    for off, n in sorted(ranges):
-        if merged and off <= merged[-1][0] + merged[-1][1] + hole:
-            end = max(merged[-1][0] + merged[-1][1], off + n)
-            merged[-1][1] = end - merged[-1][0]
-        else:
-            merged.append([off, n])
-    out: list[Range] = []
-    for off, n in merged:
-        pieces = max(1, -(-n // part))
-        step = max(1, -(-n // pieces))  # an empty range needs no request
-        out.extend((o, min(step, off + n - o)) for o in range(off, off + n, step))
-    return out
-
-
 # -- the store ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ObjectInfo:
@@ -128,12 +85,14 @@ class Store:
     """Where a remote dataset lives; picklable, its filesystem made anew in each process."""
 
     def __init__(self, protocol: str, storage_options: dict[str, Any] | None = None, *,
-                 filesystem: Any = None, retry: RetryPolicy | None = None) -> None:
+                 filesystem: Any = None, retry: RetryPolicy | None = None,
+                 stats: IOStats | None = None) -> None:
         self.protocol = protocol
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
         self._user_fs = filesystem  # a pre-built fsspec or pyarrow.fs filesystem, or None
         self._user_pid = os.getpid()  # where it was built
+        self.stats = stats if stats is not None else IOStats()  # shared with worker processes
         self._reset()
 
     def _reset(self) -> None:
@@ -142,15 +101,14 @@ class Store:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self.limiter = Limiter(self.retry.max_concurrency)
-        self.stats = IOStats()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"protocol": self.protocol, "storage_options": self.storage_options,
-                "retry": self.retry, "fs": self._user_fs}
+                "retry": self.retry, "fs": self._user_fs, "stats": self.stats}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["protocol"], state["storage_options"],  # type: ignore[misc]
-                      filesystem=state["fs"], retry=state["retry"])
+                      filesystem=state["fs"], retry=state["retry"], stats=state["stats"])
 
     def url(self, path: str) -> str:
         """The URL of a filesystem path (what users and error messages see)."""
@@ -174,8 +132,8 @@ class Store:
     def _make(self) -> Any:
         user = self._user_fs
         if user is not None:
-            if _is_arrow_fs(user):
-                return _ArrowFs(user)
+            if is_arrow_fs(user):
+                return ArrowFs(user)
             if self._pid != self._user_pid and hasattr(user, "storage_args"):
                 # An fsspec filesystem built in another process (before a fork): make a
                 # fresh one from its arguments, as its event loop and sessions are not ours.
@@ -238,7 +196,7 @@ class Store:
         pool = self._executor()
         futures = {p: pool.submit(self._get, path, p) for p in pieces}
         fetched = {p: f.result() for p, f in futures.items()}
-        return {r: _cut(fetched, r) for r in ranges}
+        return {r: cut(fetched, r) for r in ranges}
 
     def read(self, path: str, offset: int, length: int) -> bytes:
         return self.read_ranges(path, [(offset, length)])[(offset, length)]
@@ -276,16 +234,6 @@ class Store:
             self.stats.concurrency = self.limiter.limit
             return data
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _cut(fetched: dict[Range, bytes], want: Range) -> list[bytes]:
-    off, n = want
-    parts = []
-    for (p_off, p_n), data in sorted(fetched.items()):
-        lo, hi = max(off, p_off), min(off + n, p_off + p_n)
-        if lo < hi:
-            parts.append(data if (lo, hi) == (p_off, p_off + p_n) else data[lo - p_off:hi - p_off])
-    return parts or [b""]
 
 
 def _remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exception:
@@ -333,63 +281,3 @@ def _object_info(info: dict[str, Any]) -> ObjectInfo:
             version = f"{key}={value}"
             break
     return ObjectInfo(name, size, version)
-
-
-def _is_arrow_fs(fs: Any) -> bool:
-    try:
-        import pyarrow.fs as pafs
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(fs, pafs.FileSystem)
-
-
-class _ArrowFs:
-    """The few fsspec calls pqloader makes, over a ``pyarrow.fs.FileSystem``."""
-
-    def __init__(self, fs: Any) -> None:
-        self.fs = fs
-
-    @staticmethod
-    def _strip_protocol(url: str) -> str:
-        return url.split("://", 1)[-1]
-
-    @staticmethod
-    def unstrip_protocol(path: str) -> str:
-        return path
-
-    def _info(self, fi: Any) -> dict[str, Any]:
-        import pyarrow.fs as pafs
-
-        kind = "directory" if fi.type == pafs.FileType.Directory else "file"
-        return {"name": fi.path, "size": fi.size, "type": kind, "mtime": fi.mtime_ns}
-
-    def info(self, path: str) -> dict[str, Any]:
-        import pyarrow.fs as pafs
-
-        fi = self.fs.get_file_info(path)
-        if fi.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(path)
-        return self._info(fi)
-
-    def isdir(self, path: str) -> bool:
-        import pyarrow.fs as pafs
-
-        return bool(self.fs.get_file_info(path).type == pafs.FileType.Directory)
-
-    def find(self, path: str, detail: bool = True, withdirs: bool = False) -> dict[str, Any]:
-        import pyarrow.fs as pafs
-
-        if not self.isdir(path):
-            return {path: self.info(path)}
-        infos = self.fs.get_file_info(pafs.FileSelector(path, recursive=True))
-        return {i.path: self._info(i) for i in infos if i.type == pafs.FileType.File}
-
-    def glob(self, pattern: str, detail: bool = True) -> dict[str, Any]:
-        import fnmatch
-
-        base = pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0].rsplit("/", 1)[0]
-        return {p: i for p, i in self.find(base).items() if fnmatch.fnmatch(p, pattern)}
-
-    def cat_file(self, path: str, start: int, end: int) -> bytes:
-        with self.fs.open_input_file(path) as f:
-            return bytes(f.read_at(end - start, start))

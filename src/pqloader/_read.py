@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 from ._cache import Buffer, cached_ranges
 from ._discover import Discovery, FileEntry, remote_footer
 from ._errors import CorruptFileError, PQLoaderError
-from ._fs import ObjectInfo, Range, coalesce
+from ._fs import ObjectInfo
+from ._ranges import Range, coalesce
 
 _MAX_PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
 _NO_SPLIT = 1 << 62  # coalesce's part size when ranges are merged only, never cut

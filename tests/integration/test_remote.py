@@ -62,6 +62,19 @@ def test_s3_every_row_exactly_once(s3_server: object, local_dataset: Path,
         _exactly_once(_ids(loader))
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_worker_processes_count_their_requests_in_the_parents_stats(
+        moto_s3: object, local_dataset: Path, context: str) -> None:
+    url = moto_s3.upload_dir(local_dataset)  # type: ignore[attr-defined]
+    ds = pqloader.ParquetDataset(url, storage_options=moto_s3.storage_options)  # type: ignore[attr-defined]
+    before = ds.io_stats()["requests"]  # opening: the listing's objects, footers
+    loader = pqloader.DataLoader(ds, batch_size=512, num_workers=2, worker_type="process",
+                                 multiprocessing_context=context)
+    _exactly_once(_ids(loader))
+    # every row group was fetched by a worker process, at least once
+    assert ds.io_stats()["requests"] - before >= ds.num_row_groups
+
+
 def test_s3_manifest_opens_without_reading_footers(moto_s3: object, tmp_path: Path) -> None:
     # write_dataset leaves its manifest at the root of the folder it wrote
     table = pa.table({"id": np.arange(ROWS), "x": np.arange(ROWS, dtype=np.float32) / 7})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 
 import pqloader
 from pqloader._cache import Cache
-from pqloader._fs import Store, coalesce
+from pqloader._fs import Store
+from pqloader._ranges import coalesce
 from pqloader._retry import Limiter, RetryPolicy, classify
 
 
@@ -170,6 +172,25 @@ def test_cache_evicts_least_recently_used(tmp_path: Path) -> None:
     kept = {e.offset for e in cache.entries()}
     assert kept == {9000, 12000}  # the newest; the oldest went first
     assert cache.clear() > 0 and cache.usage() == 0
+
+
+def test_old_layouts_are_shown_and_cleared(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from pqloader._cli import main as cli
+
+    cache = Cache(tmp_path)
+    cache.put("u", None, 0, 100, bytes(100))
+    v1 = tmp_path / "v1" / "ab"  # what pqloader before layout v2 left
+    v1.mkdir(parents=True)
+    (v1 / "entry.pqc").write_bytes(bytes(5000))
+    assert cache.old_layouts() == {"v1": 5000}
+    assert len(cache.entries()) == 1  # entries() is this layout's
+    assert cli(["cache", "du", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["old_layouts"] == {"v1": 5000}
+    assert cli(["cache", "ls", str(tmp_path)]) == 0
+    assert "older pqloader versions (v1)" in capsys.readouterr().out
+    assert cache.clear() >= 5100
+    assert not (tmp_path / "v1").exists() and cache.usage() == 0 and cache.old_layouts() == {}
 
 
 def test_concurrent_writers_never_expose_partial_entries(tmp_path: Path) -> None:
