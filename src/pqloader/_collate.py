@@ -211,13 +211,26 @@ def to_arrow(columns: Mapping[str, pa.Array]) -> pa.RecordBatch:
 _ALIGN = 64  # bytes: every packed tensor starts on a cache line
 
 
-def _unpack(flat: torch.Tensor, layout: list[tuple[str, torch.dtype, tuple[int, ...], int]],
-            rest: dict[str, Any]) -> dict[str, Any]:
+Layout = list[tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...], int]]
+
+
+def _unpack(flat: torch.Tensor, layout: Layout, rest: dict[str, Any]) -> dict[str, Any]:
     batch = dict(rest)
-    for name, dtype, shape, offset in layout:
+    for name, dtype, shape, stride, offset in layout:
         size = math.prod(shape) * dtype.itemsize
-        batch[name] = flat[offset:offset + size].view(dtype).view(shape)
+        batch[name] = flat[offset:offset + size].view(dtype).as_strided(shape, stride)
     return batch
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its span of memory once each, in some order of dims."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True)
+                               if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return t.numel() > 0
 
 
 class PackedBatch:
@@ -226,20 +239,24 @@ class PackedBatch:
     torch sends every tensor through its own file descriptor and socket hand-shake; for a
     33-column batch that was ~90% of the consumer's time (measured). Unpickling gives back a
     plain dict of tensors (views into the one buffer), so the receiver never sees this class.
+    A dense tensor keeps its memory layout (a ``channels_last`` image batch stays one: making
+    it contiguous was a transpose in the worker, 4.4 against ~2 us per 56x56x3 image, measured);
+    a strided view (gaps, overlaps) arrives contiguous.
     """
 
     def __init__(self, batch: dict[str, Any]) -> None:
-        tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        tensors = {k: v if _dense(v) else v.contiguous()
+                   for k, v in batch.items() if isinstance(v, torch.Tensor)}
         self.rest = {k: v for k, v in batch.items() if k not in tensors}
-        self.layout: list[tuple[str, torch.dtype, tuple[int, ...], int]] = []
+        self.layout: Layout = []
         offset = 0
         for name, t in tensors.items():
-            self.layout.append((name, t.dtype, tuple(t.shape), offset))
+            self.layout.append((name, t.dtype, tuple(t.shape), tuple(t.stride()), offset))
             offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
         self.flat = torch.empty(offset, dtype=torch.uint8)
-        for (_, _, _, start), t in zip(self.layout, tensors.values(), strict=True):
+        for (_, _, shape, stride, start), t in zip(self.layout, tensors.values(), strict=True):
             size = t.numel() * t.element_size()
-            self.flat[start:start + size].view(t.dtype).view(t.shape).copy_(t)
+            self.flat[start:start + size].view(t.dtype).as_strided(shape, stride).copy_(t)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_unpack, (self.flat, self.layout, self.rest))
