@@ -18,6 +18,12 @@ import servers
 
 import pqloader
 
+# Recent gcsfs (2026.10) asks each bucket's layout from GCS's Storage Control API over gRPC,
+# which the GCS emulator does not serve: each call would retry that for 60 s. gcsfs reads this
+# switch when it is imported, so it is set here, before anything imports gcsfs; worker processes
+# inherit it.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
 MakeDataset = Callable[..., Path]
 ServerT = TypeVar("ServerT", bound=servers._Processes)
 
@@ -99,6 +105,18 @@ def rgw_s3() -> Iterator[servers.RadosGateway]:
     Same interface as ``moto_s3``. Skipped where the Ceph packages are absent.
     """
     with _start_or_skip(servers.RadosGateway) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[servers.GcsEmulator]:
+    """``gcp-storage-emulator`` on 127.0.0.1 for the whole session (in memory, up in ~0.5 s).
+
+    Yields a :class:`servers.GcsEmulator`: ``endpoint_url``, ``storage_options`` for gcsfs and
+    pqloader, ``upload_dir(path, bucket=None, prefix="") -> "gs://bucket/prefix"`` (a new bucket
+    per call unless one is named), ``upload_file(path, bucket, key)``, ``create_bucket()``.
+    """
+    with _start_or_skip(servers.GcsEmulator) as server:
         yield server
 
 

@@ -1,4 +1,4 @@
-"""Real servers on loopback for remote-IO tests and benchmarks: moto S3, nginx, Ceph's RGW.
+"""Real servers on loopback for remote-IO tests and benchmarks: moto S3, nginx, Ceph's RGW, GCS.
 
 Each server is a context manager that owns its processes and a temporary folder (config, logs,
 pid files, data) and removes both in ``close()``, also when start-up fails. Children get SIGKILL
@@ -13,10 +13,12 @@ here: benchmarks import this module too (``sys.path.insert(0, "tests")``).
         proxy.requests()                                   # what nginx served: status, range...
     with NginxFiles("data/train") as http:                 # http.url -> "http://127.0.0.1:PORT"
     with RadosGateway() as rgw:                            # a real S3 (Ceph), ~3 s to start
+    with GcsEmulator() as gcs:                             # gcp-storage-emulator, in memory
+        url = gcs.upload_dir("data/train")                 # -> "gs://pq-1a2b.../"
 
 A server whose binaries are missing raises :class:`ServerUnavailable` naming the package to
-install; the pytest fixtures turn that into a skip. ``python tests/servers.py moto|rgw|http DIR``
-runs one in the foreground for manual use.
+install; the pytest fixtures turn that into a skip. ``python tests/servers.py moto|rgw|gcs|http
+DIR`` runs one in the foreground for manual use.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -33,6 +37,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
+    "GcsEmulator",
     "MotoS3",
     "NginxFiles",
     "RadosGateway",
@@ -51,6 +57,7 @@ __all__ = [
 
 KEY = SECRET = "testing"
 REGION = "us-east-1"
+GCS_PROJECT = "pqloader-test"  # the project the emulator's buckets are made in
 SLOWDOWN_XML = (
     '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     "<Message>Please reduce your request rate.</Message><RequestId>$request_id</RequestId></Error>"
@@ -236,6 +243,88 @@ class MotoS3(S3Server):
         req = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST")
         with urllib.request.urlopen(req, timeout=10):
             pass
+
+
+class GcsEmulator(_Processes):
+    """``gcp-storage-emulator`` (pure Python, from PyPI) in a child process: the GCS JSON API
+    with objects in memory, up in about half a second.
+
+    gcsfs reaches it with ``storage_options`` (``endpoint_url``, ``token="anon"``). Recent gcsfs
+    (2026.10) first asks each bucket's layout from the Storage Control API over gRPC, which no
+    emulator serves: every call then retries that for 60 s. Set
+    ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` before gcsfs is imported (tests/conftest.py does)
+    for the plain ``GCSFileSystem``. The emulator's HTTP server answers one request at a time.
+    """
+
+    name = "gcs"
+
+    def __init__(self, *, timeout_s: float = 30) -> None:
+        if importlib.util.find_spec("gcp_storage_emulator") is None:
+            raise ServerUnavailable("gcp-storage-emulator is missing: pip install -e '.[test]'")
+        super().__init__()
+        try:
+            for attempt in range(3):
+                port = free_port()
+                # A port taken meanwhile kills only the emulator's server thread, not the
+                # process: the wait then times out, and the log says "in use".
+                proc = self._spawn([sys.executable, "-m", "gcp_storage_emulator", "start",
+                                    "--host", "127.0.0.1", "--port", str(port), "--in-memory",
+                                    "--quiet"], "gcs.log")
+                try:
+                    self._wait_http(f"http://127.0.0.1:{port}/", proc, timeout_s)
+                    break
+                except (RuntimeError, TimeoutError):
+                    if attempt == 2 or "in use" not in self._log_tail():
+                        raise
+                    proc.kill()
+            self.endpoint_url = f"http://127.0.0.1:{port}"
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``gcsfs.GCSFileSystem`` (and pqloader's ``storage_options``)."""
+        return {"endpoint_url": self.endpoint_url, "token": "anon"}
+
+    def _request(self, method: str, path: str, body: bytes, content_type: str) -> Any:
+        req = urllib.request.Request(self.endpoint_url + path, data=body, method=method,
+                                     headers={"Content-Type": content_type})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def create_bucket(self, bucket: str | None = None) -> str:
+        """Create ``bucket`` (default: a new unique name) and return its name."""
+        bucket = bucket or f"pq-{uuid.uuid4().hex[:16]}"
+        self._request("POST", f"/storage/v1/b?project={GCS_PROJECT}",
+                      json.dumps({"name": bucket}).encode(), "application/json")
+        return bucket
+
+    def upload_file(self, local: str | os.PathLike[str], bucket: str, key: str) -> str:
+        """Upload one file as ``bucket/key`` (replacing it: a new generation); return its
+        ``generation``."""
+        name = urllib.parse.quote(key, safe="")
+        meta = self._request("POST", f"/upload/storage/v1/b/{bucket}/o?uploadType=media&"
+                             f"name={name}", Path(local).read_bytes(),
+                             "application/octet-stream")
+        return str(meta["generation"])
+
+    def upload_dir(self, local: str | os.PathLike[str], bucket: str | None = None,
+                   prefix: str = "") -> str:
+        """Upload every file under ``local`` to ``bucket/prefix``; return ``gs://bucket/prefix``.
+
+        With no ``bucket`` a new one is created, so tests never see each other's objects.
+        """
+        root = Path(local)
+        if not root.is_dir():
+            raise NotADirectoryError(f"{root}: upload_dir needs a directory")
+        if bucket is None:
+            bucket = self.create_bucket()
+        prefix = prefix.strip("/")
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            key = "/".join(filter(None, [prefix, path.relative_to(root).as_posix()]))
+            self.upload_file(path, bucket, key)
+        return f"gs://{bucket}/{prefix}"
 
 
 def _nginx_exe() -> str:
@@ -533,11 +622,15 @@ def _serve(kind: str, arg: str | None) -> Iterator[str]:
     elif kind == "rgw":
         with RadosGateway() as rgw:
             yield f"{rgw.endpoint_url}  storage_options={rgw.storage_options}"
+    elif kind == "gcs":
+        with GcsEmulator() as gcs:
+            yield (f"{gcs.endpoint_url}  storage_options={gcs.storage_options}  "
+                   "(with GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false in the client's environment)")
     elif kind == "http" and arg:
         with NginxFiles(arg) as http:
             yield http.url
     else:
-        raise SystemExit("usage: python tests/servers.py moto|rgw|http DIR")
+        raise SystemExit("usage: python tests/servers.py moto|rgw|gcs|http DIR")
 
 
 if __name__ == "__main__":
