@@ -61,7 +61,7 @@ class LoaderConfig:
 
 
 def bytes_per_row(fragment_rows: np.ndarray, byte_size: np.ndarray) -> float:
-    """Decoded bytes per row, as the footers tell (dictionary-encoded columns count less)."""
+    """Decoded bytes per row, as estimated from the footers (``_sizes``)."""
     return max(1.0, float(byte_size.sum()) / max(1, int(fragment_rows.sum())))
 
 

@@ -26,6 +26,7 @@ from ._fs import ObjectInfo, Store
 from ._manifest import NAME as MANIFEST_NAME
 from ._manifest import match_manifest, read_manifest
 from ._schema import hive_partition, partition_schema, unify
+from ._sizes import RowBytes, fragment_bytes, row_bytes
 
 _GLOB_CHARS = set("*?[")
 _MAX_FOOTER_THREADS = 32
@@ -117,13 +118,15 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
     )
 
 
-RowGroups = tuple[tuple[int, ...], tuple[int, ...]]  # one file's rows, bytes per row group
+# One file's rows and encoded bytes per row group, and its columns' decoded bytes per row.
+RowGroups = tuple[tuple[int, ...], tuple[int, ...], RowBytes | None]
 LocalFooter = tuple[pq.FileMetaData, int, RowGroups, pa.Schema]  # footer, size, groups, schema
 
 
 def _row_groups(md: pq.FileMetaData) -> RowGroups:
     groups = [md.row_group(i) for i in range(md.num_row_groups)]
-    return tuple(g.num_rows for g in groups), tuple(g.total_byte_size for g in groups)
+    return (tuple(g.num_rows for g in groups), tuple(g.total_byte_size for g in groups),
+            row_bytes(md))
 
 
 def read_footers(entries: Sequence[FileEntry], store: Store | None = None,
@@ -205,7 +208,7 @@ def _open_local(source: object) -> tuple[list[FileEntry], list[tuple[str, pa.Sch
         entries = [FileEntry(str(f.path), None, f.size_bytes, hive_partition(f.path, root))
                    for f in manifest.files]
         schemas = [(entries[0].path, manifest.schema)]
-        groups = [(f.row_group_rows, f.row_group_bytes) for f in manifest.files]
+        groups = [(f.row_group_rows, f.row_group_bytes, f.row_bytes) for f in manifest.files]
     else:
         footers = _local_footers(paths)
         entries = [
@@ -290,7 +293,8 @@ def _open_remote(source: object, store: Store, cache: Cache | None
         if manifest is not None:
             entries = [FileEntry(store.url(o.path), None, o.size, part, o.version)
                        for o, part in zip(objects, parts, strict=True)]
-            groups = [(f.row_group_rows, f.row_group_bytes) for f in manifest.files]
+            groups = [(f.row_group_rows, f.row_group_bytes, f.row_bytes)
+                      for f in manifest.files]
             return entries, [(entries[0].path, manifest.schema)], groups
     workers = max(1, min(_MAX_FOOTER_THREADS, len(objects)))
     with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
@@ -326,14 +330,14 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
     schema = pa.schema([full.field(n) for n in wanted])
 
     file_index, row_group, num_rows, byte_size = [], [], [], []
-    for i, (rows, sizes) in enumerate(groups):
+    for i, (rows, sizes, per_row) in enumerate(groups):
         for rg, (n, size) in enumerate(zip(rows, sizes, strict=True)):
             if n == 0:
                 continue
             file_index.append(i)
             row_group.append(rg)
             num_rows.append(n)
-            byte_size.append(size)
+            byte_size.append(fragment_bytes(n, per_row, schema.names, size))
     return Discovery(
         files=tuple(entries),
         schema=schema,

@@ -195,7 +195,10 @@ class DataLoader:
         the rows no rank had yet yielded are dealt out to the new ranks and workers: each comes
         exactly once in the rest of the epoch (plus at most ``world_size - 1`` repeats when
         padding, as always) and no yielded row comes again; the order of those rows is new.
-        Either way at most one shuffle window per worker is read before the first batch.
+        Either way at most one shuffle window per worker is read before the first batch. A
+        loader whose window size is automatic (no ``shuffle_window_rows``) takes the state's,
+        unless that would pass its ``memory_budget_bytes``: the automatic size may differ
+        between pqloader versions.
 
         Raises:
             StateMismatchError: the state is from another dataset or other settings.
@@ -203,6 +206,8 @@ class DataLoader:
         planner = self._planner
         current = planner.settings(self._plan_workers)
         cursor = read_state(state, planner.fingerprint, current)
+        if planner.adopt_window_rows(cursor.settings.get("shuffle_window_rows", 0)):
+            current = planner.settings(self._plan_workers)
         if dict(cursor.settings) == current:
             origin, batches = cursor.origin, cursor.batches
         else:

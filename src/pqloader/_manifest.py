@@ -2,7 +2,8 @@
 
 :func:`pqloader.write_dataset` writes ``_pqloader_manifest.json`` beside its files (the leading
 underscore keeps it out of the data, as Spark's ``_SUCCESS``): each file's relative name, size
-and row groups (rows, bytes), and the Arrow schema. Opening a folder whose data files match it
+and row groups (rows, bytes), its columns' decoded bytes per row (``_sizes``), and the Arrow
+schema. Opening a folder whose data files match it
 by name and size reads that one small file instead of every footer; a manifest that does not
 match (a file added, removed or rewritten) is ignored with a warning, and footers are read.
 """
@@ -21,9 +22,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._sizes import RowBytes, row_bytes
+
 NAME = "_pqloader_manifest.json"
 FORMAT = "pqloader.manifest"
-VERSION = 1
+VERSION = 2  # 2 added each file's "row_bytes"; a version 1 manifest is still read
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class ManifestFile:
     size_bytes: int
     row_group_rows: tuple[int, ...]
     row_group_bytes: tuple[int, ...]
+    row_bytes: RowBytes | None = None  # decoded bytes per row by column (None: version 1)
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,8 @@ def write_manifest(root: Path, paths: list[str]) -> None:
         groups = [md.row_group(i) for i in range(md.num_row_groups)]
         files.append({"name": os.path.relpath(path, root), "size": os.path.getsize(path),
                       "rows": [g.num_rows for g in groups],
-                      "bytes": [g.total_byte_size for g in groups]})
+                      "bytes": [g.total_byte_size for g in groups],
+                      "row_bytes": row_bytes(md)})
     if schema is None:
         return
     body = {"format": FORMAT, "version": VERSION, "files": files,
@@ -89,7 +94,7 @@ def match_manifest(text: str, where: str, found: dict[str, int],
     that names ``where``."""
     try:
         body: dict[str, Any] = json.loads(text)
-        if body.get("format") != FORMAT or body.get("version") != VERSION:
+        if body.get("format") != FORMAT or body.get("version") not in (1, VERSION):
             raise ValueError(f"format {body.get('format')!r} version {body.get('version')!r}")
         listed = {f["name"]: f for f in body["files"]}
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema"])))
@@ -106,7 +111,8 @@ def match_manifest(text: str, where: str, found: dict[str, int],
         return None
     return Manifest(
         files=tuple(ManifestFile(locate(name), int(listed[name]["size"]),
-                                 tuple(listed[name]["rows"]), tuple(listed[name]["bytes"]))
+                                 tuple(listed[name]["rows"]), tuple(listed[name]["bytes"]),
+                                 listed[name].get("row_bytes"))
                     for name in found),
         schema=schema,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -74,12 +75,27 @@ class Planner:
         if config.memory_budget_bytes is not None:
             memory = MemoryBudget(config.memory_budget_bytes)
             check_room(dataset, config.memory_budget_bytes, streams)
-        window = int(self.window_rows * bytes_per_row(d.num_rows, d.byte_size))
         self.stages = Stages(dataset.reader, kinds, config.seed, config.transform,
-                             config.collate_fn, audit, memory, window)
+                             config.collate_fn, audit, memory, self._window_bytes())
         self.fingerprint = fingerprint(d)
         # (epoch, chain): that epoch's plan is what the chain's plan left (see _state.Cursor)
         self.origin: tuple[int, Mapping[str, Any]] | None = None
+
+    def _window_bytes(self) -> int:
+        d = self.dataset._discovery
+        return int(self.window_rows * bytes_per_row(d.num_rows, d.byte_size))
+
+    def adopt_window_rows(self, rows: int) -> bool:
+        """Take a saved state's window size when this one was chosen automatically (and
+        ``rows`` fits the memory budget, if any), so that the state resumes exactly: the
+        automatic size changes with pqloader's estimate of decoded bytes. Whether it did."""
+        c = self.config
+        if c.shuffle_window_rows is not None or rows == self.window_rows or rows < 1 or (
+                c.memory_budget_bytes is not None and rows > self.window_rows):
+            return False
+        self.window_rows = rows
+        self.stages = dataclasses.replace(self.stages, window_bytes=self._window_bytes())
+        return True
 
     def __len__(self) -> int:
         c = self.config

@@ -415,6 +415,29 @@ def test_auto_and_zero_workers_resume_each_other_exactly(ds: pqloader.ParquetDat
         assert head + ids_of(second) == full, (saver, restorer)
 
 
+def test_an_automatic_window_takes_the_states_and_resumes_exactly(
+        ds: pqloader.ParquetDataset) -> None:
+    # A state saved by another pqloader version, whose estimate of decoded bytes sized the
+    # window differently: as one with an explicit window of another size.
+    kw: dict[str, Any] = {"batch_size": 16, "shuffle": True, "seed": 4, "num_workers": 2}
+    auto_rows = pqloader.DataLoader(ds, **kw)._planner.window_rows
+    saved = pqloader.DataLoader(ds, shuffle_window_rows=auto_rows // 3, **kw)
+    full = ids_of(saved)
+    it = iter(saved)
+    head = [next(it)["id"].tolist() for _ in range(7)]
+    state = json.loads(json.dumps(saved.state_dict()))
+    del it
+    restored = pqloader.DataLoader(ds, **kw)
+    restored.load_state_dict(state)
+    assert head + ids_of(restored) == full  # not elastic: the same windows
+    assert restored.state_dict()["settings"]["shuffle_window_rows"] == auto_rows // 3
+    explicit = pqloader.DataLoader(ds, shuffle_window_rows=auto_rows // 2, **kw)
+    explicit.load_state_dict(state)  # a window the user set is kept: elastic
+    rest = ids_of(explicit)
+    flat = [i for batches in (head, rest) for batch in batches for i in batch]
+    assert sorted(flat) == sorted(i for batch in full for i in batch)
+
+
 def test_auto_needs_thread_workers(ds: pqloader.ParquetDataset) -> None:
     with pytest.raises(pqloader.InvalidArgumentError, match="worker_type='process'"):
         pqloader.DataLoader(ds, batch_size=8, num_workers="auto", worker_type="process")

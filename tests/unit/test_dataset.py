@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -372,3 +374,50 @@ def test_the_fingerprint_is_the_same_with_or_without_manifest(tmp_path: Path) ->
     (tmp_path / "_pqloader_manifest.json").unlink()
     without = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=10)
     without.load_state_dict(state)
+
+
+def _decoded(path: Path, columns: list[str] | None = None) -> int:
+    """What the dataset's row groups take once read into Arrow."""
+    return sum(pq.ParquetFile(f).read_row_group(i, columns=columns).nbytes
+               for f in sorted(path.glob("*.parquet"))
+               for i in range(pq.ParquetFile(f).num_row_groups))
+
+
+def test_window_sizes_come_from_decoded_bytes_with_or_without_manifest(tmp_path: Path) -> None:
+    # Dictionary-encoded pages (the writers' default) make the footers' byte counts wrong:
+    # random float32 values store a dictionary plus indices (more than decoded), repeated
+    # tokens far less.
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(32, 256, 2000)
+    tokens = pa.ListArray.from_arrays(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+                                      pa.array(rng.integers(0, 1000, int(lengths.sum())),
+                                               pa.int32()))
+    table = pa.table({"x": rng.random(2000, dtype=np.float32), "tokens": tokens,
+                      "label": rng.integers(0, 10, 2000)})
+    pqloader.write_dataset(table, tmp_path, rows_per_file=1000, row_group_size=500)
+    encoded = sum(pq.read_metadata(f).row_group(i).total_byte_size
+                  for f in sorted(tmp_path.glob("*.parquet")) for i in range(2))
+    decoded = _decoded(tmp_path)
+    assert decoded > 1.5 * encoded  # the footers alone would count half the tokens' memory
+    with_manifest = pqloader.ParquetDataset(tmp_path)._discovery.byte_size
+    (tmp_path / "_pqloader_manifest.json").unlink()
+    footers = pqloader.ParquetDataset(tmp_path)._discovery.byte_size
+    assert np.array_equal(with_manifest, footers)
+    assert 0.9 < decoded / footers.sum() < 1.1
+    x = pqloader.ParquetDataset(tmp_path, columns=["x"])._discovery.byte_size.sum()
+    assert 0.9 < _decoded(tmp_path, ["x"]) / x < 1.1  # a projection counts its columns only
+
+
+def test_a_version_1_manifest_is_still_read(tmp_path: Path) -> None:
+    pqloader.write_dataset(pa.table({"id": np.arange(100)}), tmp_path, rows_per_file=50)
+    manifest = tmp_path / "_pqloader_manifest.json"
+    body = json.loads(manifest.read_text())
+    body["version"] = 1
+    for f in body["files"]:
+        del f["row_bytes"]
+    manifest.write_text(json.dumps(body))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an old manifest is not stale
+        ds = pqloader.ParquetDataset(tmp_path)
+    assert all(f.metadata is None for f in ds._discovery.files), "no footer was read"
+    assert list(ds._discovery.byte_size) == [r["bytes"][0] for r in body["files"]]
