@@ -40,7 +40,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -195,16 +195,10 @@ class S3Server(_Processes):
 
         With no ``bucket`` a new one is created, so tests never see each other's objects.
         """
-        root = Path(local)
-        if not root.is_dir():
-            raise NotADirectoryError(f"{root}: upload_dir needs a directory")
-        if bucket is None:
-            bucket = self.create_bucket()
-        prefix = prefix.strip("/")
+        bucket = bucket or self.create_bucket()
         client = self.client()
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            key = "/".join(filter(None, [prefix, path.relative_to(root).as_posix()]))
-            client.upload_file(str(path), bucket, key)
+        prefix = _upload_tree(local, prefix, lambda path, key: client.upload_file(
+            str(path), bucket, key))
         return f"s3://{bucket}/{prefix}"
 
 
@@ -315,16 +309,22 @@ class GcsEmulator(_Processes):
 
         With no ``bucket`` a new one is created, so tests never see each other's objects.
         """
-        root = Path(local)
-        if not root.is_dir():
-            raise NotADirectoryError(f"{root}: upload_dir needs a directory")
-        if bucket is None:
-            bucket = self.create_bucket()
-        prefix = prefix.strip("/")
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            key = "/".join(filter(None, [prefix, path.relative_to(root).as_posix()]))
-            self.upload_file(path, bucket, key)
+        bucket = bucket or self.create_bucket()
+        prefix = _upload_tree(local, prefix, lambda path, key: self.upload_file(path, bucket, key))
         return f"gs://{bucket}/{prefix}"
+
+
+def _upload_tree(local: str | os.PathLike[str], prefix: str,
+                 put: Callable[[Path, str], object]) -> str:
+    """``put(path, key)`` for every file under ``local``, keys under ``prefix``; returns the
+    prefix without its slashes."""
+    root = Path(local)
+    if not root.is_dir():
+        raise NotADirectoryError(f"{root}: upload_dir needs a directory")
+    prefix = prefix.strip("/")
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        put(path, "/".join(filter(None, [prefix, path.relative_to(root).as_posix()])))
+    return prefix
 
 
 def _nginx_exe() -> str:
