@@ -206,14 +206,6 @@ class DataLoader:
         planner = self._planner
         current = planner.settings(self._plan_workers)
         cursor = read_state(state, planner.fingerprint, current)
-        if planner.adopt_window_rows(cursor.settings.get("shuffle_window_rows", 0)):
-            current = planner.settings(self._plan_workers)
-        if dict(cursor.settings) == current:
-            origin, batches = cursor.origin, cursor.batches
-        else:
-            origin = {"settings": dict(cursor.settings), "batches": cursor.batches,
-                      "resumed_from": cursor.origin}
-            batches = 0
         try:
             saved = planner.level(cursor.epoch, cursor.settings, cursor.origin)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -223,6 +215,14 @@ class DataLoader:
                 f"state cursor batches={cursor.batches} is out of range: the saved plan has "
                 f"{saved[0].num_batches} batches per rank in epoch {cursor.epoch}"
             )
+        if planner.adopt_window_rows(cursor.settings.get("shuffle_window_rows", 0)):
+            current = planner.settings(self._plan_workers)  # the state is valid: now adopt
+        if dict(cursor.settings) == current:
+            origin, batches = cursor.origin, cursor.batches
+        else:
+            origin = {"settings": dict(cursor.settings), "batches": cursor.batches,
+                      "resumed_from": cursor.origin}
+            batches = 0
         planner.origin = None if origin is None else (cursor.epoch, origin)
         self._torch_loader = None  # persistent worker processes must see the new plan
         self._epoch, self._batches, self._resume = cursor.epoch, batches, batches
