@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import resource
 import sys
 import time
@@ -37,30 +38,62 @@ def _peak_rss_mib() -> float:
 
 
 def bench(dataset: ParquetDataset, *, max_batches: int | None = None, progress: bool | None = None,
-          **loader_options: Any) -> BenchResult:
+          settle_s: float = 0.0, **loader_options: Any) -> BenchResult:
     """Iterate one epoch (or ``max_batches``) of ``DataLoader(dataset, **loader_options)``.
 
     Touches every batch's first tensor so nothing is skipped lazily; no training step, so this
-    is the loader's own ceiling.
+    is the loader's own ceiling. With ``settle_s``, the loader is warmed up first, untimed: as
+    many batches as are timed, or with ``num_workers="auto"`` until its tuner settles (at most
+    ``settle_s`` seconds); then a fresh epoch is timed. Without it the clock starts before the
+    loader is built.
     """
     start = time.perf_counter()
     loader = DataLoader(dataset, **loader_options)
     total = len(loader) if max_batches is None else min(max_batches, len(loader))
+    first: float | None = None
+    settled = settle_s > 0
+    if settled:
+        first = _warm_up(loader, total, settle_s, start)
     show = sys.stderr.isatty() if progress is None else progress
     rows = batches = 0
-    first = 0.0
+    timed = time.perf_counter()
     with tqdm(total=total, unit="batch", disable=not show, desc="pqloader bench") as bar:
         for batch in loader:
-            if batches == 0:
+            if first is None:
                 first = time.perf_counter() - start
             rows += _rows_of(batch)
             batches += 1
             bar.update(1)
             if batches >= total:
                 break
-    seconds = time.perf_counter() - start
-    return BenchResult(rows, batches, seconds, first, rows / seconds if seconds else 0.0,
+    seconds = time.perf_counter() - (timed if settled else start)
+    return BenchResult(rows, batches, seconds, first or 0.0, rows / seconds if seconds else 0.0,
                        _peak_rss_mib())
+
+
+def _warm_up(loader: DataLoader, batches: int, seconds: float, start: float) -> float | None:
+    """Draw ``batches`` batches untimed, or with a tuner until it settles, for at most
+    ``seconds``; set the next epoch for the timed part. Returns when the first batch came (since
+    ``start``)."""
+    deadline = time.perf_counter() + seconds
+    first: float | None = None
+    drawn = 0
+    for epoch in itertools.count():
+        loader.set_epoch(epoch)
+        for _ in loader:
+            drawn += 1
+            if first is None:
+                first = time.perf_counter() - start
+            report = loader.autotune
+            done = drawn >= batches if report is None else report.settled is not None
+            if done or time.perf_counter() > deadline:
+                break
+        else:
+            if first is not None and time.perf_counter() <= deadline:
+                continue  # the epoch ended: another one
+        loader.set_epoch(epoch + 1)
+        break
+    return first
 
 
 def _rows_of(batch: Any) -> int:
@@ -71,16 +104,20 @@ def _rows_of(batch: Any) -> int:
 
 
 def tune(dataset: ParquetDataset, *, batch_size: int, max_batches: int = 200, repeats: int = 2,
-         candidates: list[dict[str, Any]] | None = None,
+         candidates: list[dict[str, Any]] | None = None, settle_s: float = 30.0,
          **loader_options: Any) -> list[tuple[dict[str, Any], BenchResult]]:
     """Measure ``candidates`` (loader settings) on ``dataset``, best first.
 
     Each candidate runs ``repeats`` times for ``max_batches`` batches, interleaved with the
-    others so that the machine's noise hits them alike; its median run counts.
+    others so that the machine's noise hits them alike; its median run counts. Each loader is
+    warmed up first (``bench``'s ``settle_s``), so that ``num_workers="auto"``, among the
+    default candidates, is timed once its tuner has settled, and every candidate alike from a
+    fresh epoch of a warm loader.
     """
     if candidates is None:
         candidates = [{"num_workers": n, "prefetch_factor": p}
                       for n in (0, 1, 2, 3, 4) for p in (2, 8) if n or p == 2]
+        candidates.append({"num_workers": "auto"})
     runs: list[list[BenchResult]] = [[] for _ in candidates]
     for _ in range(repeats):
         for i, settings in enumerate(candidates):
@@ -88,7 +125,7 @@ def tune(dataset: ParquetDataset, *, batch_size: int, max_batches: int = 200, re
             if not options.get("num_workers"):
                 options.pop("prefetch_factor", None)
             runs[i].append(bench(dataset, batch_size=batch_size, max_batches=max_batches,
-                                 progress=False, **options))
+                                 progress=False, settle_s=settle_s, **options))
     medians = [sorted(r, key=lambda x: x.rows_per_s)[len(r) // 2] for r in runs]
     ranked = sorted(zip(candidates, medians, strict=True), key=lambda cr: -cr[1].rows_per_s)
     return ranked

@@ -164,7 +164,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     ds = pqloader.ParquetDataset(args.path, columns=args.columns)
     ranked = tune(ds, batch_size=args.batch_size, max_batches=args.max_batches,
-                  repeats=args.repeats, shuffle=not args.no_shuffle)
+                  repeats=args.repeats, settle_s=args.settle_s, shuffle=not args.no_shuffle)
     if args.json:
         print(json.dumps([{**settings, **result.as_dict()} for settings, result in ranked]))
         return 0
@@ -176,7 +176,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
               f"{result.first_batch_s:>8.2f}")
     top = ranked[0][0]
     print(f"best: DataLoader(ds, batch_size={args.batch_size}, "
-          + ", ".join(f"{k}={v}" for k, v in top.items()) + ")")
+          + ", ".join(f"{k}={v!r}" for k, v in top.items()) + ")")
     return 0
 
 
@@ -298,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="batches per trial (default: %(default)s)")
     tu.add_argument("--repeats", type=_positive_int, default=2, metavar="N",
                     help="trials per setting, interleaved; the median counts")
+    tu.add_argument("--settle-s", type=float, default=30.0, metavar="S",
+                    help="each setting is warmed up untimed first: as many batches as it is "
+                    "timed for, or num_workers='auto' until its tuner settles, at most S seconds "
+                    "(default: %(default)s)")
     tu.add_argument("--json", action="store_true", help="print one JSON list, best first")
     tu.set_defaults(run=_cmd_tune, parser=tu)
 
