@@ -55,6 +55,7 @@ class IOStats:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["values"], state["owner"])  # type: ignore[misc]
+        self._pid = -1  # pick the row at the first count: torch's worker id is not set yet
 
     def add(self, **counts: int) -> None:
         if self._pid != os.getpid():  # forked
