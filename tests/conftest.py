@@ -127,6 +127,17 @@ def s3_server(request: pytest.FixtureRequest) -> servers.S3Server:
     return server
 
 
+def _proxies(cls: Callable[..., ServerT], default: object) -> Iterator[Callable[..., ServerT]]:
+    """A factory of fault proxies of ``cls`` in front of ``upstream`` (``default`` if none),
+    each stopped after the test."""
+    with contextlib.ExitStack() as stack:
+
+        def make(upstream: object = None, **faults: Any) -> ServerT:
+            return stack.enter_context(_start_or_skip(cls, upstream or default, **faults))
+
+        yield make
+
+
 @pytest.fixture
 def s3_proxy(moto_s3: servers.MotoS3) -> Iterator[Callable[..., servers.S3FaultProxy]]:
     """Factory for nginx fault injectors in front of an S3 server (``moto_s3`` by default).
@@ -136,14 +147,15 @@ def s3_proxy(moto_s3: servers.MotoS3) -> Iterator[Callable[..., servers.S3FaultP
     ``storage_options`` over the upstream's buckets; ``proxy.upload_dir`` uploads straight to the
     upstream, past the faults. Every proxy is stopped after the test.
     """
-    with contextlib.ExitStack() as stack:
+    yield from _proxies(servers.S3FaultProxy, moto_s3)
 
-        def make(upstream: servers.S3Server | None = None,
-                 **faults: Any) -> servers.S3FaultProxy:
-            proxy = _start_or_skip(servers.S3FaultProxy, upstream or moto_s3, **faults)
-            return stack.enter_context(proxy)
 
-        yield make
+@pytest.fixture
+def gcs_proxy(gcs_emulator: servers.GcsEmulator) -> Iterator[Callable[..., servers.GcsFaultProxy]]:
+    """Factory for nginx fault injectors in front of the GCS emulator: like ``s3_proxy``, and
+    ``status=503`` (429; 403 for an error never to retry) for what a throttled request gets,
+    with GCS's JSON error body."""
+    yield from _proxies(servers.GcsFaultProxy, gcs_emulator)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ here: benchmarks import this module too (``sys.path.insert(0, "tests")``).
     with RadosGateway() as rgw:                            # a real S3 (Ceph), ~3 s to start
     with GcsEmulator() as gcs:                             # gcp-storage-emulator, in memory
         url = gcs.upload_dir("data/train")                 # -> "gs://pq-1a2b.../"
+    with GcsFaultProxy(gcs, rate_per_s=20) as proxy:       # the same faults, GCS's JSON errors
 
 A server whose binaries are missing raises :class:`ServerUnavailable` naming the package to
 install; the pytest fixtures turn that into a skip. ``python tests/servers.py moto|rgw|gcs|http
@@ -46,6 +47,8 @@ from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
     "GcsEmulator",
+    "GcsFaultProxy",
+    "GcsServer",
     "MotoS3",
     "NginxFiles",
     "RadosGateway",
@@ -62,6 +65,14 @@ SLOWDOWN_XML = (
     '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     "<Message>Please reduce your request rate.</Message><RequestId>$request_id</RequestId></Error>"
 )
+# GCS's JSON errors by status: (reason, message), as the JSON API sends them
+GCS_ERRORS = {
+    403: ("forbidden", "Anonymous caller does not have storage.objects.get access to the "
+                       "Google Cloud Storage object."),
+    429: ("rateLimitExceeded", "The rate of requests exceeds the rate limit. Please reduce "
+                               "your request rate."),
+    503: ("backendError", "We encountered an internal error. Please try again."),
+}
 ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
 NGINX_HINT = "nginx is not installed: apt-get install -y nginx-light (Debian/Ubuntu)"
 RGW_HINT = (
@@ -239,42 +250,11 @@ class MotoS3(S3Server):
             pass
 
 
-class GcsEmulator(_Processes):
-    """``gcp-storage-emulator`` (pure Python, from PyPI) in a child process: the GCS JSON API
-    with objects in memory, up in about half a second.
+class GcsServer(_Processes):
+    """A GCS JSON API endpoint that gcsfs reaches with ``storage_options``, and helpers to fill
+    it with data."""
 
-    gcsfs reaches it with ``storage_options`` (``endpoint_url``, ``token="anon"``). Recent gcsfs
-    (2026.10) first asks each bucket's layout from the Storage Control API over gRPC, which no
-    emulator serves: every call then retries that for 60 s. Set
-    ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` before gcsfs is imported (tests/conftest.py does)
-    for the plain ``GCSFileSystem``. The emulator's HTTP server answers one request at a time.
-    """
-
-    name = "gcs"
-
-    def __init__(self, *, timeout_s: float = 30) -> None:
-        if importlib.util.find_spec("gcp_storage_emulator") is None:
-            raise ServerUnavailable("gcp-storage-emulator is missing: pip install -e '.[test]'")
-        super().__init__()
-        try:
-            for attempt in range(3):
-                port = free_port()
-                # A port taken meanwhile kills only the emulator's server thread, not the
-                # process: the wait then times out, and the log says "in use".
-                proc = self._spawn([sys.executable, "-m", "gcp_storage_emulator", "start",
-                                    "--host", "127.0.0.1", "--port", str(port), "--in-memory",
-                                    "--quiet"], "gcs.log")
-                try:
-                    self._wait_http(f"http://127.0.0.1:{port}/", proc, timeout_s)
-                    break
-                except (RuntimeError, TimeoutError):
-                    if attempt == 2 or "in use" not in self._log_tail():
-                        raise
-                    proc.kill()
-            self.endpoint_url = f"http://127.0.0.1:{port}"
-        except BaseException:
-            self.close()
-            raise
+    endpoint_url: str
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -312,6 +292,44 @@ class GcsEmulator(_Processes):
         bucket = bucket or self.create_bucket()
         prefix = _upload_tree(local, prefix, lambda path, key: self.upload_file(path, bucket, key))
         return f"gs://{bucket}/{prefix}"
+
+
+class GcsEmulator(GcsServer):
+    """``gcp-storage-emulator`` (pure Python, from PyPI) in a child process: the GCS JSON API
+    with objects in memory, up in about half a second.
+
+    gcsfs reaches it with ``storage_options`` (``endpoint_url``, ``token="anon"``). Recent gcsfs
+    (2026.10) first asks each bucket's layout from the Storage Control API over gRPC, which no
+    emulator serves: every call then retries that for 60 s. Set
+    ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` before gcsfs is imported (tests/conftest.py does)
+    for the plain ``GCSFileSystem``. The emulator's HTTP server answers one request at a time.
+    """
+
+    name = "gcs"
+
+    def __init__(self, *, timeout_s: float = 30) -> None:
+        if importlib.util.find_spec("gcp_storage_emulator") is None:
+            raise ServerUnavailable("gcp-storage-emulator is missing: pip install -e '.[test]'")
+        super().__init__()
+        try:
+            for attempt in range(3):
+                port = free_port()
+                # A port taken meanwhile kills only the emulator's server thread, not the
+                # process: the wait then times out, and the log says "in use".
+                proc = self._spawn([sys.executable, "-m", "gcp_storage_emulator", "start",
+                                    "--host", "127.0.0.1", "--port", str(port), "--in-memory",
+                                    "--quiet"], "gcs.log")
+                try:
+                    self._wait_http(f"http://127.0.0.1:{port}/", proc, timeout_s)
+                    break
+                except (RuntimeError, TimeoutError):
+                    if attempt == 2 or "in use" not in self._log_tail():
+                        raise
+                    proc.kill()
+            self.endpoint_url = f"http://127.0.0.1:{port}"
+        except BaseException:
+            self.close()
+            raise
 
 
 def _upload_tree(local: str | os.PathLike[str], prefix: str,
@@ -425,13 +443,13 @@ class NginxFiles(_Nginx):
         self.url = f"http://127.0.0.1:{self.port}"
 
 
-class S3FaultProxy(_Nginx, S3Server):
-    """nginx in front of an S3 server, injecting throttling, latency and dropped connections.
+class _FaultProxy(_Nginx):
+    """nginx in front of an HTTP server, injecting throttling, latency and dropped connections.
 
     Each fault is off unless asked for, and independent of the others:
 
-    - ``rate_per_s``: requests beyond this rate (plus ``burst``) get 503 with S3's ``SlowDown``
-      XML body (``limit_req``, over all clients together);
+    - ``rate_per_s``: requests beyond this rate (plus ``burst``) get ``status`` with the
+      store's own error body (``limit_req``, over all clients together);
     - ``latency_ms``: every forwarded request waits this long before it goes upstream (an
       ``auth_request`` to a location that runs the echo module's ``echo_sleep``);
     - ``drop_fraction``: this share of requests, drawn at random per request, get their
@@ -439,13 +457,11 @@ class S3FaultProxy(_Nginx, S3Server):
 
     A request is first drawn for dropping, then throttled, then delayed. The Host header is
     passed through unchanged, so signatures made for the proxy's address stay valid upstream.
-    Uploads made with :meth:`upload_dir` and :meth:`create_bucket` go straight to the upstream.
     """
 
-    name = "s3proxy"
-
-    def __init__(self, upstream: S3Server, *, rate_per_s: float | None = None, burst: int = 0,
-                 latency_ms: float = 0, drop_fraction: float = 0.0) -> None:
+    def __init__(self, upstream_url: str, *, rate_per_s: float | None, burst: int,
+                 latency_ms: float, drop_fraction: float, status: int, content_type: str,
+                 error_body: str) -> None:
         if rate_per_s is not None and rate_per_s <= 0:
             raise ValueError(f"rate_per_s={rate_per_s}: must be positive, or None for no limit")
         if not 0 <= drop_fraction < 1:
@@ -456,12 +472,11 @@ class S3FaultProxy(_Nginx, S3Server):
             raise ServerUnavailable(f"latency needs nginx's echo module ({ECHO_MODULE}): "
                                     "apt-get install -y libnginx-mod-http-echo")
         _nginx_exe()
-        self.upstream = upstream
         self.rate_per_s, self.burst = rate_per_s, burst
         self.latency_ms, self.drop_fraction = latency_ms, drop_fraction
         super().__init__()
-        upstream_hostport = upstream.endpoint_url.split("://", 1)[1].rstrip("/")
-        http_extra = f"""    upstream s3 {{ server {upstream_hostport}; keepalive 64; }}
+        upstream_hostport = upstream_url.split("://", 1)[1].rstrip("/")
+        http_extra = f"""    upstream pq_upstream {{ server {upstream_hostport}; keepalive 64; }}
     client_max_body_size 0;
     proxy_request_buffering off;
     proxy_buffering off;"""
@@ -473,25 +488,25 @@ class S3FaultProxy(_Nginx, S3Server):
         if rate_per_s is not None:
             rate = f"{rate_per_s:g}r/s" if rate_per_s >= 1 else f"{rate_per_s * 60:g}r/m"
             http_extra += f"""
-    limit_req_zone $server_port zone=pq_s3:1m rate={rate};"""
+    limit_req_zone $server_port zone=pq_limit:1m rate={rate};"""
             burst_arg = f" burst={burst} nodelay" if burst else ""
-            location += [f"limit_req zone=pq_s3{burst_arg};",
-                         "limit_req_status 503;"]
+            location += [f"limit_req zone=pq_limit{burst_arg};",
+                         f"limit_req_status {status};"]
         if latency_ms:
             location.append("auth_request /__pq_delay;")
         body = "\n".join(f"            {line}" for line in location)
         sleep_s = f"{latency_ms / 1000:.3f}"
         delay = (f"        location = /__pq_delay {{ internal; echo_sleep {sleep_s}; }}"
                  if latency_ms else "")
-        server_block = f"""        error_page 503 @slowdown;
-        location @slowdown {{
-            default_type application/xml;
-            return 503 '{SLOWDOWN_XML}';
+        server_block = f"""        error_page {status} @refused;
+        location @refused {{
+            default_type {content_type};
+            return {status} '{error_body}';
         }}
 {delay}
         location / {{
 {body}
-            proxy_pass http://s3;
+            proxy_pass http://pq_upstream;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header Host $http_host;
@@ -504,12 +519,54 @@ class S3FaultProxy(_Nginx, S3Server):
             raise
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
 
+
+class S3FaultProxy(_FaultProxy, S3Server):
+    """A :class:`_FaultProxy` in front of an S3 server: throttled requests get 503 with S3's
+    ``SlowDown`` XML body. Uploads made with :meth:`upload_dir` and :meth:`create_bucket` go
+    straight to the upstream.
+    """
+
+    name = "s3proxy"
+
+    def __init__(self, upstream: S3Server, *, rate_per_s: float | None = None, burst: int = 0,
+                 latency_ms: float = 0, drop_fraction: float = 0.0) -> None:
+        self.upstream = upstream
+        super().__init__(upstream.endpoint_url, rate_per_s=rate_per_s, burst=burst,
+                         latency_ms=latency_ms, drop_fraction=drop_fraction, status=503,
+                         content_type="application/xml", error_body=SLOWDOWN_XML)
+
     def create_bucket(self, bucket: str | None = None) -> str:
         return self.upstream.create_bucket(bucket)
 
     def upload_dir(self, local: str | os.PathLike[str], bucket: str | None = None,
                    prefix: str = "") -> str:
         return self.upstream.upload_dir(local, bucket, prefix)
+
+
+class GcsFaultProxy(_FaultProxy, GcsServer):
+    """A :class:`_FaultProxy` in front of a GCS server: throttled requests get ``status``
+    with the JSON error GCS sends for it (503 ``backendError``, 429 ``rateLimitExceeded``; 403
+    ``forbidden`` stands for an error that must not be retried). Buckets and uploads made here
+    go straight to the upstream, past the faults.
+    """
+
+    name = "gcsproxy"
+
+    def __init__(self, upstream: GcsServer, *, rate_per_s: float | None = None, burst: int = 0,
+                 latency_ms: float = 0, drop_fraction: float = 0.0, status: int = 503) -> None:
+        if status not in GCS_ERRORS:
+            raise ValueError(f"status={status}: GcsFaultProxy answers {sorted(GCS_ERRORS)}")
+        reason, message = GCS_ERRORS[status]
+        error = {"code": status, "message": message,
+                 "errors": [{"message": message, "domain": "global", "reason": reason}]}
+        self.upstream = upstream
+        super().__init__(upstream.endpoint_url, rate_per_s=rate_per_s, burst=burst,
+                         latency_ms=latency_ms, drop_fraction=drop_fraction, status=status,
+                         content_type="application/json",
+                         error_body=json.dumps({"error": error}))
+
+    def _request(self, method: str, path: str, body: bytes, content_type: str) -> Any:
+        return self.upstream._request(method, path, body, content_type)
 
 
 class RadosGateway(S3Server):

@@ -18,6 +18,7 @@ import os
 import random
 import threading
 import time
+import types
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -150,9 +151,11 @@ class Store:
         except (ImportError, ValueError) as exc:
             raise ImportError(f"{_hint(self.protocol)} ({exc})") from exc
         retries = options.pop("retries", None)
-        fs = cls(skip_instance_cache=True, **options)
+        fs = cls(skip_instance_cache=True, **options)  # not shared: its retries are ours
         if retries is not None and hasattr(fs, "retries"):
             fs.retries = retries  # s3fs: its own retry loop, a class attribute
+        if retries is not None and self.protocol in ("gs", "gcs"):
+            _gcsfs_retries(fs, retries)
         return fs
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -267,7 +270,30 @@ def _defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         config.setdefault("connect_timeout", 10)
         config.setdefault("read_timeout", 60)
         options["config_kwargs"] = config
+    elif protocol in ("gs", "gcs"):
+        options.setdefault("retries", 1)  # not a gcsfs option: Store._make applies it
     return options
+
+
+def _gcsfs_retries(fs: Any, retries: int) -> None:
+    """Make a gcsfs filesystem try each request ``retries`` times in all, on this instance only.
+
+    Every call pqloader makes (listing, ``info``, ranged ``cat_file``) goes through gcsfs's
+    ``self._request``, which the class wraps once, at its definition, in
+    ``retry_request(retries=6)``: no option or attribute changes that. The wrapper keeps the
+    plain method as ``__wrapped__``; bound to this instance, it shadows the class's, so other
+    gcsfs filesystems in the process keep their retries. One attempt takes the plain method,
+    not one wrapped anew: gcsfs logs each error it gives up on with a traceback, noise for
+    every retry pqloader makes (and counts).
+    """
+    method = getattr(type(fs)._request, "__wrapped__", None)
+    if method is None:  # pragma: no cover - a gcsfs that retries some other way
+        return
+    if retries > 1:
+        from gcsfs.retry import retry_request
+
+        method = retry_request(retries=retries)(method)
+    fs._request = types.MethodType(method, fs)
 
 
 def _object_info(info: dict[str, Any]) -> ObjectInfo:

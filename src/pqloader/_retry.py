@@ -22,10 +22,11 @@ __all__ = ["Limiter", "RetryPolicy", "classify", "with_timeout"]
 
 _THROTTLED = re.compile(r"\b(503|429)\b|SlowDown|Throttl|TooManyRequests|Too Many Requests|"
                         r"RequestLimitExceeded|Reduce your request rate", re.IGNORECASE)
+# ProxyError: what gcsfs raises for a 502, keeping no status
 _TRANSIENT = re.compile(r"\b(500|502|504)\b|InternalError|ServiceUnavailable|Connection "
                         r"(reset|aborted|refused|closed)|Server disconnected|timed? ?out|"
                         r"RemoteDisconnected|IncompleteRead|ClientPayloadError|"
-                        r"ServerDisconnectedError|Broken pipe", re.IGNORECASE)
+                        r"ServerDisconnectedError|Broken pipe|ProxyError", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,9 @@ def classify(exc: BaseException) -> str:
     status = _status(exc)
     if status in (429, 503):
         return "throttled"
-    if status is not None and status >= 500:
+    if status is not None and (status >= 500 or status == 408):  # 408: Request Timeout
         return "transient"
-    if status is not None and 400 <= status < 500 and status != 408:
+    if status is not None and 400 <= status < 500:
         return "fatal"
     text = " ".join(f"{type(e).__name__}: {e}" for e in _chain(exc))
     if _THROTTLED.search(text):

@@ -5,6 +5,7 @@ The same dataset and row checks as the S3 tiers in test_remote.py; each test che
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -99,3 +100,56 @@ def test_gs_missing_bucket_is_a_clear_error(gcs_emulator: servers.GcsEmulator) -
     with pytest.raises(pqloader.PQLoaderError, match="gs://no-such-bucket-pq"):
         pqloader.ParquetDataset("gs://no-such-bucket-pq/data",
                                 storage_options=gcs_emulator.storage_options)
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_throttled_gs_completes_exactly_once_and_counts_every_retry(
+        gcs_proxy: Callable[..., servers.GcsFaultProxy],
+        local_dataset: Path,  # noqa: F811 - the imported fixture
+        status: int) -> None:
+    proxy = gcs_proxy(rate_per_s=20, burst=5, status=status)
+    url = proxy.upload_dir(local_dataset)
+    policy = pqloader.RetryPolicy(base_delay_s=0.05, max_delay_s=1.0, attempts=30)
+    ds = pqloader.ParquetDataset(url, storage_options=proxy.storage_options, retry=policy,
+                                 cache=None)
+    _exactly_once(_ids(pqloader.DataLoader(ds, batch_size=512, shuffle=True, num_workers=2)))
+    stats, served = ds.io_stats(), proxy.requests()
+    throttled = sum(r.status == status for r in served)
+    # Each refusal nginx sent is one retry pqloader counted: gcsfs retried none on its own.
+    assert throttled > 0 and stats["retries"] == stats["throttled"] == throttled
+    assert stats["requests"] == sum(r.path.startswith("/download/") and r.status < 300
+                                    for r in served)
+
+
+def test_gs_forbidden_is_not_retried(gcs_proxy: Callable[..., servers.GcsFaultProxy],
+                                    local_dataset: Path) -> None:  # noqa: F811
+    proxy = gcs_proxy(rate_per_s=1 / 60, status=403)  # the listing passes, then all is refused
+    url = proxy.upload_dir(local_dataset)
+    with pytest.raises(pqloader.PQLoaderError, match="Forbidden") as caught:
+        pqloader.ParquetDataset(url, storage_options=proxy.storage_options)
+    _asked_once(caught.value, proxy, 403)
+
+
+def test_gs_object_gone_is_not_retried(gcs_proxy: Callable[..., servers.GcsFaultProxy],
+                                       gcs_emulator: servers.GcsEmulator,
+                                       local_dataset: Path) -> None:  # noqa: F811
+    import gcsfs
+
+    proxy = gcs_proxy()
+    ds = pqloader.ParquetDataset(proxy.upload_dir(local_dataset),
+                                 storage_options=proxy.storage_options)
+    gcsfs.GCSFileSystem(**gcs_emulator.storage_options, skip_instance_cache=True).rm(ds.files)
+    with pytest.raises(pqloader.PQLoaderError, match="no such object") as caught:
+        ds[0]
+    _asked_once(caught.value, proxy, 404)
+    assert ds.io_stats()["retries"] == 0
+
+
+def _asked_once(error: BaseException, proxy: servers.GcsFaultProxy, status: int) -> None:
+    """The error came at the first attempt: nginx refused with ``status``, and no refused
+    request was asked again."""
+    assert "gave up" not in str(error)
+    served = proxy.requests()
+    asked = Counter((r.method, r.path, r.query, r.range) for r in served)
+    refused = [r for r in served if r.status == status]
+    assert refused and all(asked[r.method, r.path, r.query, r.range] == 1 for r in refused)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import fsspec
@@ -51,6 +52,36 @@ def test_classify_looks_through_the_cause() -> None:
             raise OSError("wrapped") from inner
     except OSError as outer:
         assert classify(outer) == "throttled"
+
+
+@pytest.mark.parametrize(("status", "kind"), [
+    (503, "throttled"), (429, "throttled"), (500, "transient"), (502, "transient"),
+    (504, "transient"), (408, "transient"), (403, "fatal"), (404, "fatal"), (400, "fatal"),
+])
+def test_classify_gcsfs_errors(status: int, kind: str) -> None:
+    """gcsfs's own errors for each status, as it raises them once its retries are off."""
+    from gcsfs.retry import validate_response
+
+    body = json.dumps({"error": {"code": status, "message": "from the server"}}).encode()
+    with pytest.raises(Exception) as caught:
+        validate_response(status, body, "b/o/part-0.parquet")
+    assert classify(caught.value) == kind
+
+
+def test_gs_store_makes_one_attempt_and_leaves_other_gcsfs_filesystems_alone() -> None:
+    import gcsfs
+
+    options = {"endpoint_url": "http://127.0.0.1:9", "token": "anon"}  # nothing listens
+    fs = Store("gs", options).fs
+    plain = type(fs)._request.__wrapped__  # the method without gcsfs's retry_request
+    assert fs._request.__func__ is plain
+    started = time.perf_counter()
+    with pytest.raises(Exception, match="Cannot connect"):
+        fs.info("bucket/object")  # refused: gcsfs would sleep at least 1 s, then try again
+    assert time.perf_counter() - started < 1
+    assert "_request" not in vars(gcsfs.GCSFileSystem(**options, skip_instance_cache=True))
+    mine = Store("gs", {**options, "retries": 3}).fs  # the user's choice: gcsfs's loop, 3 tries
+    assert mine._request.__func__.__wrapped__ is plain
 
 
 def test_coalesce_merges_near_ranges_and_splits_big_ones() -> None:
