@@ -384,22 +384,8 @@ def summarise(runs: dict[str, list[dict[str, Any]]], rows: int) -> dict[str, Any
         if "images_per_s" in s:
             s["x_floor"] = s["images_per_s"] / max(floors) if floors else None
             s["x_best_naive"] = s["images_per_s"] / max(naive) if naive else None
-            s["x_floor_paired"] = _paired(s["runs"], floor_runs)
+            s["x_floor_paired"] = harness.paired(s["runs"], floor_runs, "images_per_s")
     return out
-
-
-def _paired(runs: list[dict[str, Any]], floor_runs: list[list[dict[str, Any]]]) -> float | None:
-    """The median over rounds of the rate / the faster floor's rate in the same round.
-
-    Runs of one round are minutes apart, so on a shared machine they see a similar load:
-    this ratio is steadier than the ratio of the medians.
-    """
-    ratios = []
-    for i, r in enumerate(runs):
-        floors = [f[i]["images_per_s"] for f in floor_runs if i < len(f) and "images_per_s" in f[i]]
-        if "images_per_s" in r and floors:
-            ratios.append(r["images_per_s"] / max(floors))
-    return statistics.median(ratios) if ratios else None
 
 
 def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:

@@ -149,12 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{method:<12}  FAILED: {s['errors'][:1]}")
             continue
         s["x_local"] = s["rows_per_s"] / local if local else None
-        # paired: the median over rounds of the rate over local's in the same round, steadier
-        # than a ratio of medians when other work comes and goes on the machine
-        s["x_local_paired"] = statistics.median(
-            r["rows_per_s"] / base["rows_per_s"]
-            for r, base in zip(s["runs"], summary["local"]["runs"], strict=True)
-        ) if local else None
+        s["x_local_paired"] = harness.paired(s["runs"], [summary["local"]["runs"]],
+                                             "rows_per_s") if local else None
         ratios = f"{s['x_local']:>9.2f}{s['x_local_paired']:>8.2f}" if local else f"{'-':>17}"
         print(f"{method:<12}{s['rows_per_s']:>12,.0f}{ratios}{s['requests']:>8,.0f}"
               f"{s['mib']:>9,.0f}{s['peak_rss_mib']:>10,}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,22 @@ def interleave(methods: list[str], repeats: int, run: Callable[[str], dict[str, 
             note = r.get("error") or f"{describe(r)}, peak RSS {r['peak_rss_mib']:,} MiB"
             print(f"[{repeat + 1}/{repeats}] {method}: {note}", file=sys.stderr)
     return runs
+
+
+def paired(runs: list[dict[str, Any]], base_runs: list[list[dict[str, Any]]],
+           key: str) -> float | None:
+    """The median over rounds of a run's ``key`` rate over the fastest base's in that round.
+
+    The runs of one round are seconds to minutes apart, so on a shared machine they see a
+    similar load: this ratio is steadier than the ratio of the medians, which pairs a method's
+    median round with a base's median round, maybe not the same one.
+    """
+    ratios = []
+    for i, r in enumerate(runs):
+        bases = [b[i][key] for b in base_runs if i < len(b) and key in b[i]]
+        if key in r and bases:
+            ratios.append(r[key] / max(bases))
+    return statistics.median(ratios) if ratios else None
 
 
 def commit() -> str | None:
