@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 METHODS = {"floor-threads", "floor-procs", "naive-w0", "naive-w2", "pqloader-w0", "pqloader-w2",
+           "pqloader-auto",
            "pqloader-w2-proc"}
 WHOLE_EPOCH = METHODS - {"naive-w0", "naive-w2"}
 
