@@ -259,6 +259,22 @@ def test_tuner_spends_little_time_on_a_far_slower_count() -> None:
     assert measured.count(0) <= 2  # the descent's interval and the first turn only
 
 
+def test_tuner_drops_a_count_whose_median_falls_far_behind() -> None:
+    """A count not far enough behind on its first turn to be dropped then (65% of the best),
+    but with a median under 70% of the best after its second, is measured no more: the
+    comparison ends after 2 turns of it, not 4 (W3's 0 threads against 2, measured 0.55-0.6x)."""
+    measured: list[int] = []
+    tuner = ThreadTuner(2, interval_s=0.5, settle_batches=2)
+    rates = {2: 200, 1: 195, 0: 130}
+    now = 0.0
+    for _ in range(3000):
+        now += 1.0 / rates[tuner.threads]
+        if tuner.observe(now) is not None or not measured or measured[-1] != tuner.threads:
+            measured.append(tuner.threads)
+    assert tuner.report.settled == 1
+    assert measured.count(0) == 1  # its first two turns run back to back (a b c c b a)
+
+
 def test_tuner_does_not_count_the_cold_start() -> None:
     """Every stream reads its first window into fresh memory as the loader starts: the first
     interval runs slow whatever the count. Counted, it made the best count (measured first)
