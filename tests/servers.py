@@ -625,6 +625,9 @@ mon data = {d}/mon
 osd data = {d}/osd
 osd journal = {d}/osd/journal
 osd objectstore = memstore
+# memstore reports a 1 GiB device by default: past the full ratio the cluster stops taking
+# writes, and an upload of W1 (1.5 GB) hung. Memory is used only as objects are written.
+memstore device bytes = 17179869184
 osd class load list = *
 osd class default list = *
 rgw data = {d}/rgw
