@@ -1,4 +1,5 @@
-"""Sources to fragments: expand paths and URLs, read every footer in parallel, index them."""
+"""Sources to fragments: expand paths and URLs, read every footer in parallel (``_footers.py``),
+index them."""
 
 from __future__ import annotations
 
@@ -17,26 +18,25 @@ import pyarrow.parquet as pq
 from ._cache import Cache, cached_ranges
 from ._errors import (
     ColumnNotFoundError,
-    CorruptFileError,
     DatasetNotFoundError,
     EmptyDatasetError,
     SchemaMismatchError,
+)
+from ._footers import (
+    RowGroups,
+    local_footers,
+    read_footer,
+    remote_footer,
+    row_groups,
 )
 from ._fs import ObjectInfo, Store
 from ._manifest import NAME as MANIFEST_NAME
 from ._manifest import match_manifest, read_manifest
 from ._schema import hive_partition, partition_schema, unify
-from ._sizes import RowBytes, fragment_bytes, row_bytes
+from ._sizes import fragment_bytes
 
 _GLOB_CHARS = set("*?[")
 _MAX_FOOTER_THREADS = 32
-# Local footers: parsing one holds the GIL for most of its ~100 us, and 32 threads on 2 cores
-# fought over it. Opening 2,000 cached footers (medians, shared 2-core VM): 32 threads a file
-# each 0.42-0.52 s, 8 threads taking chunks 0.35-0.40 s, one thread 0.22 s; threads stay, to
-# keep IO in flight on cold or network disks.
-_LOCAL_FOOTER_THREADS = 8
-_LOCAL_FOOTER_CHUNKS = 4  # chunks per thread: a slow chunk does not leave the others idle
-_TAIL_BYTES = 64 << 10  # a remote footer is fetched with this much of the file's end
 
 
 @dataclass(frozen=True)
@@ -118,17 +118,6 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
     )
 
 
-# One file's rows and encoded bytes per row group, and its columns' decoded bytes per row.
-RowGroups = tuple[tuple[int, ...], tuple[int, ...], RowBytes | None]
-LocalFooter = tuple[pq.FileMetaData, int, RowGroups, pa.Schema]  # footer, size, groups, schema
-
-
-def _row_groups(md: pq.FileMetaData) -> RowGroups:
-    groups = [md.row_group(i) for i in range(md.num_row_groups)]
-    return (tuple(g.num_rows for g in groups), tuple(g.total_byte_size for g in groups),
-            row_bytes(md))
-
-
 def read_footers(entries: Sequence[FileEntry], store: Store | None = None,
                  cache: Cache | None = None) -> list[pq.FileMetaData]:
     """Every file's footer: the known ones, the others read in parallel."""
@@ -136,7 +125,7 @@ def read_footers(entries: Sequence[FileEntry], store: Store | None = None,
 
     def read(e: FileEntry) -> pq.FileMetaData:
         if store is None:
-            return _read_footer(Path(e.path))[0]
+            return read_footer(Path(e.path))[0]
         return remote_footer(store, cache, ObjectInfo(store.native(e.path), e.size_bytes,
                                                       e.version))
 
@@ -144,43 +133,6 @@ def read_footers(entries: Sequence[FileEntry], store: Store | None = None,
     with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
         found = iter(list(pool.map(read, missing)))
     return [e.metadata if e.metadata is not None else next(found) for e in entries]
-
-
-def remote_footer(store: Store, cache: Cache | None, obj: ObjectInfo) -> pq.FileMetaData:
-    """A remote file's footer: one request for the file's last 64 KiB (two if the footer is
-    larger), through the cache."""
-    url = store.url(obj.path)
-    if obj.size < 12:
-        raise CorruptFileError(f"{url}: {obj.size} bytes is too short for a Parquet file; "
-                               "remove it or pass a glob that matches only Parquet files")
-    n = min(obj.size, _TAIL_BYTES)
-    tail = bytes(cached_ranges(store, cache, obj.path, obj.version,
-                               [(obj.size - n, n)])[(obj.size - n, n)])
-    if tail[-4:] != b"PAR1":
-        raise CorruptFileError(f"{url}: not a Parquet file (no PAR1 at its end); remove it "
-                               "or pass a glob that matches only Parquet files")
-    length = int.from_bytes(tail[-8:-4], "little") + 8
-    if length > obj.size - 4:
-        raise CorruptFileError(f"{url}: its footer claims {length} bytes of a {obj.size}-byte "
-                               "file; the file is truncated: rewrite it or remove it")
-    if length > n:
-        r = (obj.size - length, length)
-        tail = bytes(cached_ranges(store, cache, obj.path, obj.version, [r])[r])
-    try:
-        return pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-length:]))
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise CorruptFileError(f"{url}: not a readable Parquet footer ({exc}); rewrite the "
-                               "file or remove it") from exc
-
-
-def _read_footer(path: Path) -> tuple[pq.FileMetaData, int]:
-    try:
-        return pq.read_metadata(path), path.stat().st_size
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise CorruptFileError(
-            f"{path}: not a readable Parquet file ({exc}); remove it or pass a glob that "
-            "matches only Parquet files"
-        ) from exc
 
 
 Groups = list[RowGroups]  # per file
@@ -210,7 +162,7 @@ def _open_local(source: object) -> tuple[list[FileEntry], list[tuple[str, pa.Sch
         schemas = [(entries[0].path, manifest.schema)]
         groups = [(f.row_group_rows, f.row_group_bytes, f.row_bytes) for f in manifest.files]
     else:
-        footers = _local_footers(paths)
+        footers = local_footers(paths)
         entries = [
             FileEntry(str(p), md, size, hive_partition(p, root))
             for p, (md, size, _, _) in zip(paths, footers, strict=True)
@@ -218,22 +170,6 @@ def _open_local(source: object) -> tuple[list[FileEntry], list[tuple[str, pa.Sch
         schemas = [(e.path, f[3]) for e, f in zip(entries, footers, strict=True)]
         groups = [f[2] for f in footers]
     return entries, schemas, groups
-
-
-def _local_footers(paths: list[Path]) -> list[LocalFooter]:
-    """Each file's footer, size, row groups and Arrow schema, read in parallel by chunks."""
-    def read(chunk: list[Path]) -> list[LocalFooter]:
-        out = []
-        for path in chunk:
-            md, size = _read_footer(path)
-            out.append((md, size, _row_groups(md), md.schema.to_arrow_schema()))
-        return out
-
-    workers = max(1, min(_LOCAL_FOOTER_THREADS, len(paths)))
-    n = -(-len(paths) // (workers * _LOCAL_FOOTER_CHUNKS))
-    with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
-        chunks = pool.map(read, [paths[i:i + n] for i in range(0, len(paths), n)])
-        return [footer for chunk in chunks for footer in chunk]
 
 
 def _list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | None,
@@ -303,7 +239,7 @@ def _open_remote(source: object, store: Store, cache: Cache | None
                for o, md, part in zip(objects, footers, parts, strict=True)]
     schemas = [(e.path, md.schema.to_arrow_schema()) for e, md in zip(entries, footers,
                                                                        strict=True)]
-    return entries, schemas, [_row_groups(md) for md in footers]
+    return entries, schemas, [row_groups(md) for md in footers]
 
 
 def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], groups: Groups,

@@ -18,8 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._cache import Buffer, cached_ranges
-from ._discover import Discovery, FileEntry, remote_footer
+from ._discover import Discovery, FileEntry
 from ._errors import CorruptFileError, PQLoaderError
+from ._footers import remote_footer
 from ._fs import ObjectInfo
 from ._ranges import Range, coalesce
 
