@@ -245,16 +245,22 @@ def test_tuner_is_not_fooled_by_a_drifting_machine() -> None:
     assert tuner.report.settled == 0, tuner.report
 
 
-def test_tuner_spends_little_time_on_a_far_slower_count() -> None:
-    """A count far behind in the first turn of a comparison is not measured again."""
+def _spells(rates: dict[int, float], batches: int) -> tuple[ThreadTuner, list[int]]:
+    """Run a tuner on ``rates`` (batches/s by thread count); also return the counts it ran,
+    one entry per spell at a count."""
     measured: list[int] = []
     tuner = ThreadTuner(2, interval_s=0.5, settle_batches=2)
-    rates = {2: 200, 1: 190, 0: 60}
     now = 0.0
-    for _ in range(1000):
+    for _ in range(batches):
         now += 1.0 / rates[tuner.threads]
         if tuner.observe(now) is not None or not measured or measured[-1] != tuner.threads:
             measured.append(tuner.threads)
+    return tuner, measured
+
+
+def test_tuner_spends_little_time_on_a_far_slower_count() -> None:
+    """A count far behind in the first turn of a comparison is not measured again."""
+    tuner, measured = _spells({2: 200, 1: 190, 0: 60}, 1000)
     assert tuner.threads == 1
     assert measured.count(0) <= 2  # the descent's interval and the first turn only
 
@@ -262,15 +268,8 @@ def test_tuner_spends_little_time_on_a_far_slower_count() -> None:
 def test_tuner_drops_a_count_whose_median_falls_far_behind() -> None:
     """A count not far enough behind on its first turn to be dropped then (65% of the best),
     but with a median under 70% of the best after its second, is measured no more: the
-    comparison ends after 2 turns of it, not 4 (W3's 0 threads against 2, measured 0.55-0.6x)."""
-    measured: list[int] = []
-    tuner = ThreadTuner(2, interval_s=0.5, settle_batches=2)
-    rates = {2: 200, 1: 195, 0: 130}
-    now = 0.0
-    for _ in range(3000):
-        now += 1.0 / rates[tuner.threads]
-        if tuner.observe(now) is not None or not measured or measured[-1] != tuner.threads:
-            measured.append(tuner.threads)
+    comparison ends after 2 turns of it, not 4 (W3's 0 threads against 2, measured 0.65x)."""
+    tuner, measured = _spells({2: 200, 1: 195, 0: 130}, 3000)
     assert tuner.report.settled == 1
     assert measured.count(0) == 1  # its first two turns run back to back (a b c c b a)
 
