@@ -4,7 +4,8 @@ Local files are read by pyarrow directly. Remote files are read by fetching just
 ranges of the projected column chunks (coalesced, in parallel, retried, through the cache) and
 decoding them with the footer already known, so no request is spent on the footer again. A
 row group's coalesced range is one cache entry, memory-mapped when read back: pyarrow decodes
-from the page cache through a zero-copy view.
+from the page cache through a zero-copy view. A narrower projection is sliced out of the whole
+row group's entry when one is cached.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._cache import Buffer, cached_ranges
+from ._cache import Buffer, CorruptCacheEntry, cached_ranges
 from ._discover import Discovery, FileEntry
 from ._errors import CorruptFileError, PQLoaderError
 from ._footers import remote_footer
@@ -133,7 +134,8 @@ class FragmentReader:
         # hole_bytes between them: the gaps of a projection of a wide table, the columns not
         # read, are neither fetched nor cached when they are larger than that.
         spans = coalesce(ranges, d.store.retry.hole_bytes, part=_NO_SPLIT)
-        chunks = cached_ranges(d.store, d.cache, obj.path, obj.version, spans)
+        chunks = self._within_whole(obj, rg, spans) or cached_ranges(
+            d.store, d.cache, obj.path, obj.version, spans)
         store, cache = d.store, d.cache
 
         def fetch(offset: int, length: int) -> Buffer:  # a read outside the known chunks
@@ -141,6 +143,43 @@ class FragmentReader:
             return cached_ranges(store, cache, obj.path, obj.version, [r])[r]
 
         return pa.PythonFile(_RangeFile(obj.size, chunks, fetch), mode="r")
+
+    def _within_whole(self, obj: ObjectInfo, rg: Any, spans: list[Range]
+                      ) -> dict[Range, Buffer] | None:
+        """A narrower projection's spans, sliced out of the row group's entry for every column
+        when a read of the whole row group cached it (the usual first read: no ``columns=``);
+        None when that entry is absent or damaged, or is what ``spans`` asks for anyway.
+
+        Cache entries are keyed by their exact range, so without this a second job reading
+        some of the columns fetched again what the cache already held.
+        """
+        d = self._d
+        if d.cache is None or d.store is None:
+            return None
+        every = coalesce([_chunk_range(rg.column(i), obj.size) for i in range(rg.num_columns)],
+                         d.store.retry.hole_bytes, part=_NO_SPLIT)
+        if every == spans:
+            return None
+        url = d.store.url(obj.path)
+        wholes: dict[Range, pa.Buffer] = {}
+        out: dict[Range, Buffer] = {}
+        for start, length in spans:
+            whole = next(((w0, wn) for w0, wn in every
+                          if w0 <= start and start + length <= w0 + wn), None)
+            if whole is None:
+                return None
+            if whole not in wholes:
+                try:
+                    data = d.cache.get(url, obj.version, *whole)
+                except CorruptCacheEntry:
+                    d.store.stats.add(cache_corrupt=1)
+                    return None
+                if data is None:
+                    return None
+                wholes[whole] = data
+            out[(start, length)] = wholes[whole].slice(start - whole[0], length)
+        d.store.stats.add(cache_hits=len(wholes))
+        return out
 
     def _leaf_columns(self, file_index: int) -> list[int]:
         """The Parquet leaf columns that hold the projected columns, for one file."""

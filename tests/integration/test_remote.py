@@ -167,6 +167,40 @@ def test_s3_cache_one_entry_per_row_group_and_a_corrupt_one_is_refetched(
     assert stats["cache_corrupt"] == 2 and stats["requests"] >= 2
     assert len(cache.entries()) == len(groups) + len(ds.files)
 
+def test_s3_narrower_projection_reads_the_whole_row_groups_cached(
+        moto_s3: object, local_dataset: Path, tmp_path: Path) -> None:
+    """A job reading every column caches whole row groups; a later job reading some of the
+    columns slices them out of those entries, with no data request, and gets the same rows."""
+    url = moto_s3.upload_dir(local_dataset)  # type: ignore[attr-defined]
+    options = moto_s3.storage_options  # type: ignore[attr-defined]
+    cache = pqloader.Cache(tmp_path / "cache")
+    every = pqloader.ParquetDataset(url, storage_options=options, cache=cache)
+    _exactly_once(_ids(pqloader.DataLoader(every, batch_size=512, shuffle=True)))
+    entries = len(cache.entries())
+
+    some = pqloader.ParquetDataset(url, storage_options=options, cache=cache,
+                                   columns=["id", "x"])
+    seen = []
+    for batch in pqloader.DataLoader(some, batch_size=512, shuffle=True, num_workers=2):
+        ids = batch["id"].numpy()
+        assert np.allclose(batch["x"].numpy(), ids.astype(np.float32) / 7)
+        assert set(batch) == {"id", "x"}
+        seen.append(ids)
+    _exactly_once(np.concatenate(seen))
+    stats = some.io_stats()
+    assert stats["requests"] == 0 and stats["cache_hits"] >= some.num_row_groups
+    assert len(cache.entries()) == entries  # nothing fetched, nothing new stored
+
+    # The other way round is a plain miss: the narrower entries hold too little.
+    narrow_cache = pqloader.Cache(tmp_path / "narrow")
+    first = pqloader.ParquetDataset(url, storage_options=options, cache=narrow_cache,
+                                    columns=["id"])
+    assert sum(len(b["id"]) for b in pqloader.DataLoader(first, batch_size=512)) == ROWS
+    wide = pqloader.ParquetDataset(url, storage_options=options, cache=narrow_cache)
+    _exactly_once(_ids(pqloader.DataLoader(wide, batch_size=512, shuffle=True)))
+    assert wide.io_stats()["requests"] >= wide.num_row_groups
+
+
 def test_http_every_row_exactly_once(http_server: Callable[[Path], str],
                                      local_dataset: Path) -> None:
     base = http_server(local_dataset)
