@@ -14,6 +14,7 @@ from ._audit import AuditLog
 from ._autotune import ThreadTuner, TunerReport
 from ._config import LoaderConfig, WorkerConfig, WorkerType, resolve_num_workers
 from ._deliver import Delivery
+from ._device import Placement, resolve_device
 from ._errors import (
     InvalidArgumentError,
     LoaderTimeoutError,
@@ -60,7 +61,12 @@ class DataLoader:
             initialised, else a single rank.
         pin_memory, timeout, worker_init_fn, persistent_workers, prefetch_factor,
         multiprocessing_context: as for ``torch.utils.data.DataLoader``; ``timeout`` (seconds,
-            0 = wait forever) raises :class:`pqloader.LoaderTimeoutError`.
+            0 = wait forever) raises :class:`pqloader.LoaderTimeoutError`. Pinned batches keep
+            their tensors of one dtype and shape in one slab of page-locked memory.
+        device: a CUDA device (``"cuda"``, ``"cuda:1"``): batches arrive there. Each batch
+            is staged in pinned memory and crosses in one copy, on a side stream; the caller's
+            current stream waits for it, so use the batch on that stream. ``None`` or
+            ``"cpu"``: batches stay on the host.
         memory_budget_bytes: the most resident memory (RSS) the loader may add to its
             processes, all workers together, above what they held when the iteration began.
             Shuffle windows are sized to fit (smaller windows mix less), and a worker reads
@@ -88,6 +94,7 @@ class DataLoader:
         shuffle_window_rows: int | None = None,
         worker_type: WorkerType = "thread",
         pin_memory: bool = False,
+        device: str | int | torch.device | None = None,
         timeout: float = 0.0,
         worker_init_fn: Callable[[int], Any] | None = None,
         persistent_workers: bool = False,
@@ -137,10 +144,12 @@ class DataLoader:
         self._batches = 0  # batches of self._epoch yielded so far (what state_dict saves)
         self._resume: int | None = None  # batches to skip in the next iteration (restored)
         self._torch_loader: torch.utils.data.DataLoader[Any] | None = None
-        self._pin = pin_memory and torch.cuda.is_available()
-        if pin_memory and not self._pin:
+        self.device = resolve_device(device)
+        pin = pin_memory and torch.cuda.is_available()
+        if pin_memory and not pin:
             warnings.warn("pin_memory=True but no CUDA device is available: not pinning",
                           stacklevel=2)
+        self._placement = Placement(pin=pin, device=self.device, audited=audit_dir is not None)
 
     # -- the torch habits -------------------------------------------------------------------
     @property
@@ -237,7 +246,9 @@ class DataLoader:
             batches: Iterator[Any] = self._iter_auto(self._planner.plan(epoch, 1), epoch, start)
         elif w.num_workers == 0:
             plan = self._planner.plan(epoch, 1)
-            batches = map(self._pin_batch, self._planner.batches(plan, 0, epoch, start))
+            place = self._placement
+            batches = map(lambda b: place.receive(place.finish(b)),
+                          self._planner.batches(plan, 0, epoch, start))
         elif w.worker_type == "thread":
             batches = self._iter_threads(self._planner.plan(epoch, w.num_workers), epoch, start)
         else:
@@ -256,13 +267,6 @@ class DataLoader:
             yield batch
 
     # -- delivery ---------------------------------------------------------------------------
-    def _pin_batch(self, batch: Any) -> Any:
-        if not self._pin:
-            return batch
-        from torch.utils.data._utils.pin_memory import pin_memory
-
-        return pin_memory(batch)  # type: ignore[no-untyped-call]
-
     def _iter_threads(self, plan: RankPlan, epoch: int, start: int) -> Iterator[Any]:
         """Fixed ``num_workers``: thread ``w`` makes worker ``w``'s batches, as torch's."""
         n = self.workers.num_workers
@@ -287,7 +291,7 @@ class DataLoader:
         delivery = Delivery(
             streams, start=start, stop=stop, depth=self.workers.prefetch_factor * n,
             threads=tuner.threads if tuner is not None else threads or 0, max_threads=n,
-            finish=self._pin_batch, caller_helps=tuner is not None,
+            finish=self._placement.finish, caller_helps=tuner is not None,
             worker_init_fn=self.workers.worker_init_fn, timeout_s=self.workers.timeout,
             where=f"rank {self.config.world.rank}, epoch {epoch}",
         )
@@ -295,7 +299,7 @@ class DataLoader:
             tuner.restart_interval()
         try:
             for k in range(start, stop):
-                batch = delivery.get(k)
+                batch = self._placement.receive(delivery.get(k))
                 if tuner is not None and (new := tuner.observe()) is not None:
                     delivery.set_threads(new)
                 yield batch
@@ -308,7 +312,8 @@ class DataLoader:
             w = self.workers
             loader = torch.utils.data.DataLoader(
                 TorchIterable.from_planner(self._planner), batch_size=None,
-                num_workers=w.num_workers, pin_memory=self._pin, timeout=w.timeout,
+                # torch's thread pins each tensor; a device copy is made here, in one transfer
+                num_workers=w.num_workers, pin_memory=self._placement.pin, timeout=w.timeout,
                 worker_init_fn=w.worker_init_fn,
                 persistent_workers=w.persistent_workers, prefetch_factor=w.prefetch_factor,
                 multiprocessing_context=w.multiprocessing_context,
@@ -318,7 +323,11 @@ class DataLoader:
         loader.dataset.set_epoch(epoch, start)  # type: ignore[attr-defined]
         it = iter(loader)
         try:
-            yield from it
+            if self.device is None:
+                yield from it
+            else:
+                place = self._placement
+                yield from (place.receive(place.finish(b)) for b in it)
         except RuntimeError as exc:
             if not str(exc).startswith("DataLoader timed out"):
                 raise

@@ -1,0 +1,68 @@
+"""The device placement's pure parts: walking a batch's structure, and the device argument."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, namedtuple
+from typing import Any
+
+import pytest
+import torch
+
+import pqloader
+from pqloader._device import flatten, resolve_device
+
+Pair = namedtuple("Pair", ["ids", "text"])
+
+
+@pytest.mark.parametrize("batch", [
+    {"a": torch.arange(3), "b": ["x", "y", "z"], "c": torch.ones(3, 2)},
+    OrderedDict(a=torch.arange(2), nested={"b": torch.zeros(2), "n": 7}),
+    (torch.arange(4), [b"a", b"b"], [torch.ones(1), torch.zeros(1)]),
+    Pair(torch.arange(2), ["p", "q"]),
+    [1, 2, 3],
+    torch.arange(5),
+    "plain",
+], ids=["dict", "ordered-nested", "tuple", "namedtuple", "ints", "tensor", "str"])
+def test_flatten_rebuilds_the_same_structure_around_new_tensors(batch: Any) -> None:
+    leaves, rebuild = flatten(batch)
+    doubled = rebuild([t * 2 for t in leaves])
+    assert type(doubled) is type(batch)
+
+    def same(a: Any, b: Any) -> None:
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(b, a * 2)
+        elif isinstance(a, dict):
+            assert list(a) == list(b)
+            for k in a:
+                same(a[k], b[k])
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            for x, y in zip(a, b, strict=True):
+                same(x, y)
+        else:
+            assert a == b
+
+    same(batch, doubled)
+
+
+def test_lists_of_strings_are_leaves_not_walked() -> None:
+    text = [f"row {i}" for i in range(1000)]
+    leaves, rebuild = flatten({"id": torch.arange(1000), "text": text})
+    assert len(leaves) == 1
+    assert rebuild(leaves)["text"] is text
+
+
+def test_device_argument() -> None:
+    assert resolve_device(None) is None
+    assert resolve_device("cpu") is None
+    assert resolve_device(torch.device("cpu")) is None
+    with pytest.raises(pqloader.InvalidArgumentError, match="not a torch device"):
+        resolve_device("gpu please")
+    with pytest.raises(pqloader.InvalidArgumentError, match="CUDA devices only"):
+        resolve_device("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(pqloader.InvalidArgumentError, match="sees no CUDA device"):
+            resolve_device("cuda")
+    else:
+        assert resolve_device("cuda") == torch.device("cuda", torch.cuda.current_device())
+        with pytest.raises(pqloader.InvalidArgumentError, match="CUDA device"):
+            resolve_device(f"cuda:{torch.cuda.device_count()}")
