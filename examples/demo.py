@@ -68,7 +68,8 @@ def make_model() -> nn.Module:
 
 
 def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer,
-                loader: pqloader.DataLoader, epoch: int) -> dict[str, float]:
+                loader: pqloader.DataLoader, epoch: int,
+                device: torch.device) -> dict[str, float]:
     """One epoch; returns rows, seconds, the waiting share, losses and recent accuracy."""
     loss_fn = nn.CrossEntropyLoss()
     loader.set_epoch(epoch)
@@ -85,8 +86,9 @@ def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer,
         waiting_s += time.perf_counter() - t0
         if batch is None:
             break
-        x = torch.stack([batch[name] for name in FEATURES], dim=1)
-        y = batch["label"]
+        # with device="cuda" the batch is already there (a no-op then)
+        x = torch.stack([batch[name] for name in FEATURES], dim=1).to(device)
+        y = batch["label"].to(device)
         logits = model(x)
         loss = loss_fn(logits, y)
         optimizer.zero_grad(set_to_none=True)
@@ -137,7 +139,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=positive_int, default=1, help="epochs to train")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds the data, the model and the loader's shuffle")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="where the model trains (auto: cuda when a CUDA device is there; "
+                             "the loader's threads then copy the batches to it)")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no CUDA device")
     if args.files > args.rows:
         parser.error(f"--files {args.files} is more than --rows {args.rows}")
     if args.num_workers < 0:
@@ -154,22 +161,25 @@ def main(argv: list[str] | None = None) -> int:
     # The model is tiny: one thread runs a step in a few ms, while more intra-op threads fight
     # the loader's workers for the cores (5x slower epochs on 2 cores when left at the default).
     torch.set_num_threads(1)
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if cuda else "cpu")
     with tempfile.TemporaryDirectory(prefix="pqloader-demo-") as tmp:
         path = Path(tmp) / "train"
         write_synthetic(path, rows=args.rows, files=args.files, seed=args.seed)
         ds = pqloader.ParquetDataset(path)
         print(ds)
         loader = pqloader.DataLoader(ds, batch_size=args.batch_size, shuffle=True,
-                                     seed=args.seed, num_workers=args.num_workers)
-        model = make_model()
+                                     seed=args.seed, num_workers=args.num_workers,
+                                     device=device)
+        model = make_model().to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         print(f"training a 32 -> 64 -> 10 MLP: {len(loader)} batches of {args.batch_size:,} "
               f"rows per epoch, {args.num_workers} loader worker threads, 1 torch thread, "
-              f"{args.epochs} epoch(s)")
+              f"on {device}, {args.epochs} epoch(s)")
         first: dict[str, float] = {}
         stats: dict[str, float] = {}
         for epoch in range(args.epochs):
-            stats = train_epoch(model, optimizer, loader, epoch)
+            stats = train_epoch(model, optimizer, loader, epoch, device)
             first = first or stats
             print(f"epoch {epoch}: {stats['rows']:,} rows in {stats['seconds']:.1f} s = "
                   f"{stats['rows_per_s']:,.0f} rows/s; waiting for data "
