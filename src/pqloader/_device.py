@@ -94,17 +94,8 @@ class Placement:
         """
         assert self.device is not None
         leaves, rebuild = flatten(batch)
-        layout: list[tuple[list[int], torch.dtype, tuple[int, ...], int, int]] = []
-        total = 0
-        for (dtype, size), members in _groups(leaves).items():
-            nbytes = leaves[members[0]].element_size() * len(members) * math.prod(size)
-            layout.append((members, dtype, (len(members), *size), total, nbytes))
-            total += -(-nbytes // _ALIGN) * _ALIGN
-        # torch's caching allocator hands the pinned buffer out again once the copy is done
-        host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-        host_bytes = host.numpy()
-        for members, dtype, shape, offset, _ in layout:
-            _stack_into([leaves[i] for i in members], host, host_bytes, dtype, shape, offset)
+        # torch's caching allocator hands a pinned buffer out again once its copy is done
+        host, layout = stage(leaves, _pinned_bytes)
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
         current = torch.cuda.current_stream(self.device)
@@ -112,10 +103,43 @@ class Placement:
             on_device = host.to(self.device, non_blocking=True)
         current.wait_stream(self._stream)
         on_device.record_stream(current)  # freed on the caller's stream's terms, not the copy's
-        out = list(leaves)
-        for members, dtype, shape, offset, nbytes in layout:
-            _scatter(out, members, on_device[offset:offset + nbytes].view(dtype).view(shape))
-        return rebuild(out)
+        return rebuild(unstage(on_device, layout, leaves))
+
+
+# a staged group: (its leaves' indices, dtype, slab shape, byte offset, bytes)
+Slot = tuple[list[int], torch.dtype, tuple[int, ...], int, int]
+
+
+def stage(leaves: list[torch.Tensor],
+          alloc: Callable[[int], torch.Tensor]) -> tuple[torch.Tensor, list[Slot]]:
+    """The host tensors of ``leaves`` written into one byte buffer from ``alloc(nbytes)``:
+    each group of one dtype and shape as a slab ``[members, *shape]`` at an aligned offset."""
+    layout: list[Slot] = []
+    total = 0
+    for (dtype, size), members in _groups(leaves).items():
+        shape = (len(members), *size)
+        nbytes = leaves[members[0]].element_size() * math.prod(shape)
+        layout.append((members, dtype, shape, total, nbytes))
+        total += -(-nbytes // _ALIGN) * _ALIGN
+    host = alloc(total)
+    host_bytes = host.numpy()
+    for members, dtype, shape, offset, _ in layout:
+        _stack_into([leaves[i] for i in members], host, host_bytes, dtype, shape, offset)
+    return host, layout
+
+
+def unstage(buffer: torch.Tensor, layout: list[Slot],
+            leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``leaves`` with each staged tensor replaced by its view of ``buffer`` (a copy of the
+    staging buffer, wherever it is)."""
+    out = list(leaves)
+    for members, dtype, shape, offset, nbytes in layout:
+        _scatter(out, members, buffer[offset:offset + nbytes].view(dtype).view(shape))
+    return out
+
+
+def _pinned_bytes(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
 def _groups(leaves: list[torch.Tensor]) -> dict[tuple[torch.dtype, torch.Size], list[int]]:
@@ -165,7 +189,8 @@ def _stack_into(tensors: list[torch.Tensor], host: torch.Tensor, host_bytes: np.
             return
         except RuntimeError:  # a tensor that requires grad
             pass
-    torch.stack(tensors, out=host[offset:offset + nbytes].view(dtype).view(shape))
+    torch.stack([t.detach() for t in tensors],
+                out=host[offset:offset + nbytes].view(dtype).view(shape))
 
 
 @functools.cache

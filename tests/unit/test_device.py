@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import pqloader
-from pqloader._device import flatten, resolve_device
+from pqloader._device import flatten, resolve_device, stage, unstage
 
 Pair = namedtuple("Pair", ["ids", "text"])
 
@@ -66,3 +66,38 @@ def test_device_argument() -> None:
         assert resolve_device("cuda") == torch.device("cuda", torch.cuda.current_device())
         with pytest.raises(pqloader.InvalidArgumentError, match="CUDA device"):
             resolve_device(f"cuda:{torch.cuda.device_count()}")
+
+
+def _pageable(nbytes: int) -> torch.Tensor:
+    return torch.full((nbytes,), 0xAB, dtype=torch.uint8)  # garbage where nothing is staged
+
+
+def test_staging_round_trips_every_kind_of_tensor() -> None:
+    """What the device copy stages and views back, checked on the host buffer itself."""
+    grid = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    weights = torch.ones(4, requires_grad=True)
+    batch = {
+        "a": torch.arange(4, dtype=torch.float32),
+        "b": torch.arange(4, 8, dtype=torch.float32),
+        "label": torch.arange(4),  # int64
+        "flag": torch.tensor([True, False, True, True]),  # 4 bytes: the next slab is aligned
+        "half": torch.arange(4, dtype=torch.bfloat16),  # no numpy dtype: torch's copy
+        "grad": weights * 2,  # requires grad: the group falls back to torch's copy, detached
+        "column": grid[:, 1],  # not contiguous
+        "tokens": grid.T,  # 2-D, not contiguous
+        "empty": torch.empty(0, 3),
+        "text": ["w", "x", "y", "z"],
+    }
+    leaves, rebuild = flatten(batch)
+    host, layout = stage(leaves, _pageable)
+    assert [s[3] % 64 for s in layout] == [0] * len(layout)  # every slab aligned
+    assert len(layout) == 6  # a, b, grad and column (float32 [4]) share one slab
+    back = rebuild(unstage(host, layout, leaves))
+    assert back["text"] is batch["text"]
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            got = back[name]
+            assert got.dtype == value.dtype and got.shape == value.shape, name
+            assert torch.equal(got, value.detach()), name
+            assert got.untyped_storage().data_ptr() == host.untyped_storage().data_ptr(), name
+    assert not back["grad"].requires_grad
