@@ -22,6 +22,11 @@ __all__ = ["Limiter", "RetryPolicy", "classify", "with_timeout"]
 
 _THROTTLED = re.compile(r"\b(503|429)\b|SlowDown|Throttl|TooManyRequests|Too Many Requests|"
                         r"RequestLimitExceeded|Reduce your request rate", re.IGNORECASE)
+# Errors that keep no status but name it: gcsfs's 403 is a bare OSError("Forbidden: path ...")
+_FATAL = re.compile(r"\bForbidden\b|Access ?Denied|Unauthori[sz]ed|NoSuchKey|NoSuchBucket|"
+                    r"InvalidAccessKeyId|SignatureDoesNotMatch", re.IGNORECASE)
+# Paths and URLs in messages: "gs://b/503/x" names no status, nor does "b/slowdown-runs/x"
+_PATH = re.compile(r"\S*/\S*")
 # ProxyError: what gcsfs raises for a 502, keeping no status
 _TRANSIENT = re.compile(r"\b(500|502|504)\b|InternalError|ServiceUnavailable|Connection "
                         r"(reset|aborted|refused|closed)|Server disconnected|timed? ?out|"
@@ -59,7 +64,9 @@ def classify(exc: BaseException) -> str:
         return "transient"
     if status is not None and 400 <= status < 500:
         return "fatal"
-    text = " ".join(f"{type(e).__name__}: {e}" for e in _chain(exc))
+    text = _PATH.sub(" ", " ".join(f"{type(e).__name__}: {e}" for e in _chain(exc)))
+    if _FATAL.search(text):
+        return "fatal"
     if _THROTTLED.search(text):
         return "throttled"
     if isinstance(exc, (ConnectionError, TimeoutError)) or _TRANSIENT.search(text):

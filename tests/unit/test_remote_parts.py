@@ -68,6 +68,21 @@ def test_classify_gcsfs_errors(status: int, kind: str) -> None:
     assert classify(caught.value) == kind
 
 
+@pytest.mark.parametrize("path", ["b/503/part-0.parquet", "b/slowdown-runs/x.parquet",
+                                  "b/500/x.parquet", "b/timeout/x.parquet"])
+def test_a_status_or_word_in_a_path_is_not_the_error(path: str) -> None:
+    """gcsfs's 403 keeps no status: only its message says Forbidden, beside the path."""
+    from gcsfs.retry import validate_response
+
+    body = json.dumps({"error": {"code": 403, "message": "from the server"}}).encode()
+    with pytest.raises(OSError) as caught:
+        validate_response(403, body, path)
+    assert classify(caught.value) == "fatal"
+    assert classify(OSError(f"Access Denied: s3://{path}")) == "fatal"
+    assert classify(OSError(f"reading s3://{path}: HTTP/1.1 503 Slow Down")) == "throttled"
+    assert classify(OSError(f"reading https://h/{path}: Connection reset")) == "transient"
+
+
 def test_gs_store_makes_one_attempt_and_leaves_other_gcsfs_filesystems_alone() -> None:
     import gcsfs
 
