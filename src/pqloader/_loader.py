@@ -65,8 +65,10 @@ class DataLoader:
             their tensors of one dtype and shape in one slab of page-locked memory.
         device: a CUDA device (``"cuda"``, ``"cuda:1"``): batches arrive there. Each batch
             is staged in pinned memory and crosses in one copy, on a side stream; the caller's
-            current stream waits for it, so use the batch on that stream. ``None`` or
-            ``"cpu"``: batches stay on the host.
+            current stream waits for it, so use the batch on that stream. ``"cuda"`` is the
+            current device when the loader is made: under DDP, call
+            ``torch.cuda.set_device(local_rank)`` first. ``None`` or ``"cpu"``: batches stay
+            on the host.
         memory_budget_bytes: the most resident memory (RSS) the loader may add to its
             processes, all workers together, above what they held when the iteration began.
             Shuffle windows are sized to fit (smaller windows mix less), and a worker reads
