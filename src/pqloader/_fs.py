@@ -18,7 +18,6 @@ import os
 import random
 import threading
 import time
-import types
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._arrowfs import ArrowFs, is_arrow_fs
+from ._backends import own_retries, set_retries
 from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
 from ._iostats import IOStats
 from ._ranges import Range, coalesce, cut
@@ -145,17 +145,15 @@ class Store:
             import fsspec
         except ImportError as exc:  # pragma: no cover - fsspec comes with the remote extras
             raise ImportError(_hint(self.protocol)) from exc
-        options = _defaults(self.protocol, self.storage_options)
+        options = own_retries(self.protocol, self.storage_options)
         try:
             cls = fsspec.get_filesystem_class(self.protocol)
         except (ImportError, ValueError) as exc:
             raise ImportError(f"{_hint(self.protocol)} ({exc})") from exc
         retries = options.pop("retries", None)
         fs = cls(skip_instance_cache=True, **options)  # not shared: its retries are ours
-        if retries is not None and hasattr(fs, "retries"):
-            fs.retries = retries  # s3fs: its own retry loop, a class attribute
-        if retries is not None and self.protocol in ("gs", "gcs"):
-            _gcsfs_retries(fs, retries)
+        if retries is not None:
+            set_retries(self.protocol, fs, retries)
         return fs
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -258,42 +256,6 @@ def _hint(protocol: str) -> str:
     extra = _EXTRAS.get(protocol)
     pkg = f"pip install 'pqloader[{extra}]'" if extra else "install the fsspec implementation"
     return f"reading {protocol}:// needs an fsspec filesystem for it: {pkg}"
-
-
-def _defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
-    """pqloader owns retries: turn off the filesystem's own, unless the user set them."""
-    options = dict(options)
-    if protocol in ("s3", "s3a"):
-        options.setdefault("retries", 1)
-        config = dict(options.get("config_kwargs") or {})
-        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})  # no retry
-        config.setdefault("connect_timeout", 10)
-        config.setdefault("read_timeout", 60)
-        options["config_kwargs"] = config
-    elif protocol in ("gs", "gcs"):
-        options.setdefault("retries", 1)  # not a gcsfs option: Store._make applies it
-    return options
-
-
-def _gcsfs_retries(fs: Any, retries: int) -> None:
-    """Make a gcsfs filesystem try each request ``retries`` times in all, on this instance only.
-
-    Every call pqloader makes (listing, ``info``, ranged ``cat_file``) goes through gcsfs's
-    ``self._request``, which the class wraps once, at its definition, in
-    ``retry_request(retries=6)``: no option or attribute changes that. The wrapper keeps the
-    plain method as ``__wrapped__``; bound to this instance, it shadows the class's, so other
-    gcsfs filesystems in the process keep their retries. One attempt takes the plain method,
-    not one wrapped anew: gcsfs logs each error it gives up on with a traceback, noise for
-    every retry pqloader makes (and counts).
-    """
-    method = getattr(type(fs)._request, "__wrapped__", None)
-    if method is None:  # pragma: no cover - a gcsfs that retries some other way
-        return
-    if retries > 1:
-        from gcsfs.retry import retry_request
-
-        method = retry_request(retries=retries)(method)
-    fs._request = types.MethodType(method, fs)
 
 
 def _object_info(info: dict[str, Any]) -> ObjectInfo:

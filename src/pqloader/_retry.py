@@ -20,8 +20,9 @@ from ._errors import InvalidArgumentError
 
 __all__ = ["Limiter", "RetryPolicy", "classify", "with_timeout"]
 
-_THROTTLED = re.compile(r"\b(503|429)\b|SlowDown|Throttl|TooManyRequests|Too Many Requests|"
-                        r"RequestLimitExceeded|Reduce your request rate", re.IGNORECASE)
+_THROTTLED = re.compile(r"\b(503|429)\b|SlowDown|ServerBusy|Throttl|TooManyRequests|"
+                        r"Too Many Requests|RequestLimitExceeded|Reduce your request rate",
+                        re.IGNORECASE)
 # Errors that keep no status but name it: gcsfs's 403 is a bare OSError("Forbidden: path ...")
 _FATAL = re.compile(r"\bForbidden\b|Access ?Denied|Unauthori[sz]ed|NoSuchKey|NoSuchBucket|"
                     r"InvalidAccessKeyId|SignatureDoesNotMatch", re.IGNORECASE)
@@ -87,9 +88,11 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 
 def _status(exc: BaseException) -> int | None:
-    """The HTTP status in an exception chain: aiohttp's ``status``, botocore's response."""
+    """The HTTP status in an exception chain: aiohttp's ``status``, azure-core's
+    ``status_code``, botocore's response."""
     for e in _chain(exc):
-        status = getattr(e, "status", None) or getattr(e, "code", None)
+        status = getattr(e, "status", None) or getattr(e, "status_code", None) or \
+            getattr(e, "code", None)
         if isinstance(status, int) and 100 <= status < 600:
             return status
         response = getattr(e, "response", None)

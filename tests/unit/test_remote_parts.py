@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -97,6 +98,25 @@ def test_gs_store_makes_one_attempt_and_leaves_other_gcsfs_filesystems_alone() -
     assert "_request" not in vars(gcsfs.GCSFileSystem(**options, skip_instance_cache=True))
     mine = Store("gs", {**options, "retries": 3}).fs  # the user's choice: gcsfs's loop, 3 tries
     assert mine._request.__func__.__wrapped__ is plain
+
+
+AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+               "KBHBeksoGMGw==")
+
+
+def test_az_store_makes_one_attempt_and_leaves_other_adlfs_filesystems_alone() -> None:
+    adlfs = pytest.importorskip("adlfs")
+    conn = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:9/devstoreaccount1;")
+
+    def policy(fs: Any) -> Any:
+        return fs.service_client._config.retry_policy
+
+    assert policy(Store("az", {"connection_string": conn}).fs).total_retries == 0
+    theirs = adlfs.AzureBlobFileSystem(connection_string=conn, skip_instance_cache=True)
+    assert policy(theirs).total_retries == 3  # the SDK's default, untouched
+    mine = Store("az", {"connection_string": conn, "retries": 4}).fs
+    assert policy(mine).total_retries == 3  # the user's choice: 4 attempts in all
 
 
 def test_coalesce_merges_near_ranges_and_splits_big_ones() -> None:
