@@ -120,6 +120,21 @@ def gcs_emulator() -> Iterator[servers.GcsEmulator]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def azure_blob() -> Iterator[servers.AzureBlobServer]:
+    """Azure Blob Storage (``tests/azure_blob_server.py``) on 127.0.0.1 for the whole session,
+    over a temporary folder; up in ~0.1 s. Skipped where adlfs is not installed.
+
+    Yields a :class:`servers.AzureBlobServer`: ``root`` (one folder per container),
+    ``connection_string``, ``storage_options()`` for adlfs and pqloader, ``create_container()``,
+    ``upload_dir(path, container=None, prefix="") -> "az://container/prefix"``, and the fault
+    switch ``faults(status, code, count, methods=("GET",))`` with ``stats()``. The switch is
+    shared by the session: a test that sets it clears it (``count=0``) when done.
+    """
+    with _start_or_skip(servers.AzureBlobServer) as server:
+        yield server
+
+
 @pytest.fixture(scope="session", params=["moto", "rgw"])
 def s3_server(request: pytest.FixtureRequest) -> servers.S3Server:
     """Each S3 tier in turn: a test using it runs against moto and against Ceph's RGW."""

@@ -16,6 +16,10 @@ here: benchmarks import this module too (``sys.path.insert(0, "tests")``).
     with GcsEmulator() as gcs:                             # gcp-storage-emulator, in memory
         url = gcs.upload_dir("data/train")                 # -> "gs://pq-1a2b.../"
     with GcsFaultProxy(gcs, rate_per_s=20) as proxy:       # the same faults, GCS's JSON errors
+    with AzureBlobServer() as az:                          # tests/azure_blob_server.py, a folder
+        url = az.upload_dir("data/train")                  # -> "az://pq-1a2b.../"
+        az.storage_options()                               # adlfs: {"connection_string": ...}
+        az.faults(503, "ServerBusy", 3)                    # the next 3 GETs fail; az.stats()
 
 A server whose binaries are missing raises :class:`ServerUnavailable` naming the package to
 install; the pytest fixtures turn that into a skip. ``python tests/servers.py moto|rgw|gcs|http
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
+    "AzureBlobServer",
     "GcsEmulator",
     "GcsFaultProxy",
     "GcsServer",
@@ -75,6 +80,10 @@ GCS_ERRORS = {
 }
 ECHO_MODULE = Path("/usr/lib/nginx/modules/ngx_http_echo_module.so")
 NGINX_HINT = "nginx is not installed: apt-get install -y nginx-light (Debian/Ubuntu)"
+# Azurite's well-known development account and key: the Azure SDK signs with it, nothing checks
+AZURE_ACCOUNT = "devstoreaccount1"
+AZURE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+             "KBHBeksoGMGw==")
 RGW_HINT = (
     "Ceph's RADOS Gateway is not installed: "
     "apt-get install -y --no-install-recommends radosgw ceph-mon ceph-osd ceph-common"
@@ -672,6 +681,98 @@ paxos min wait = 0.01
         # The first bucket and object create RGW's data pools (seconds): do it now, not in a test.
         bucket = self.create_bucket()
         self.client().put_object(Bucket=bucket, Key="warm-up", Body=b"")
+
+
+class AzureBlobServer(_Processes):
+    """``tests/azure_blob_server.py`` in a child process: Azure Blob Storage over a folder, for
+    adlfs (Azurite, the usual emulator, is npm only). Up in about 0.1 s.
+
+    ``root`` holds one folder per container: files put there are blobs at once, and blobs written
+    through the server land there. ``storage_options()`` is what adlfs (and pqloader) take;
+    ``faults(503, "ServerBusy", 3)`` fails the next three GETs with Azure's error, and
+    ``stats()`` counts the requests served, by method and by REST operation.
+    """
+
+    name = "azure"
+    account = AZURE_ACCOUNT
+    key = AZURE_KEY
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, verbose: bool = False,
+                 timeout_s: float = 30) -> None:
+        if importlib.util.find_spec("adlfs") is None:
+            raise ServerUnavailable("adlfs is missing: pip install -e '.[test]' (or '.[azure]')")
+        super().__init__()
+        try:
+            self.root = Path(root).resolve() if root is not None else self.dir / "root"
+            self.root.mkdir(parents=True, exist_ok=True)
+            script = Path(__file__).resolve().with_name("azure_blob_server.py")
+            for attempt in range(3):
+                self.port = free_port()
+                args = [sys.executable, str(script), "--root", str(self.root),
+                        "--port", str(self.port), *(["--verbose"] if verbose else [])]
+                proc = self._spawn(args, "azure.log")
+                try:
+                    self._wait_http(f"{self.endpoint_url}/_control/stats", proc, timeout_s)
+                    break
+                except RuntimeError:
+                    if attempt == 2 or "in use" not in self._log_tail():
+                        raise
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def connection_string(self) -> str:
+        """Azurite's form: path-style ``BlobEndpoint`` with the account, over plain HTTP."""
+        return (f"DefaultEndpointsProtocol=http;AccountName={self.account};"
+                f"AccountKey={self.key};BlobEndpoint={self.endpoint_url}/{self.account};")
+
+    def storage_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``adlfs.AzureBlobFileSystem`` (and pqloader's
+        ``storage_options``)."""
+        return {"connection_string": self.connection_string}
+
+    def create_container(self, container: str | None = None) -> str:
+        """Create ``container`` (default: a new unique name) and return its name."""
+        container = container or f"pq-{uuid.uuid4().hex[:16]}"
+        (self.root / container).mkdir()
+        return container
+
+    def upload_dir(self, local: str | os.PathLike[str], container: str | None = None,
+                   prefix: str = "") -> str:
+        """Copy every file under ``local`` to ``container/prefix`` (straight into ``root``);
+        return ``az://container/prefix``. With no ``container`` a new one is made."""
+        container = container or self.create_container()
+
+        def put(path: Path, key: str) -> None:
+            (self.root / container / key).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, self.root / container / key)
+
+        return f"az://{container}/{_upload_tree(local, prefix, put)}"
+
+    def _control(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.endpoint_url}/_control/{path}", data=data,
+                                     method="GET" if data is None else "POST")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            out: dict[str, Any] = json.loads(resp.read())
+        return out
+
+    def faults(self, status: int, code: str, count: int,
+               methods: tuple[str, ...] = ("GET",)) -> dict[str, Any]:
+        """Fail the next ``count`` requests whose method is in ``methods`` with ``status`` and
+        Azure's XML error for ``code`` (``count=0`` clears it); return the switch as set."""
+        return self._control("faults", {"status": status, "code": code, "count": count,
+                                        "methods": list(methods)})
+
+    def stats(self) -> dict[str, Any]:
+        """Requests served so far: ``requests`` by method, ``operations`` by REST name
+        (``GetBlob``, ``ListBlobs``...), ``faults_served`` and ``faults_pending``."""
+        return self._control("stats")
 
 
 @contextlib.contextmanager

@@ -112,8 +112,15 @@ class Store:
                       filesystem=state["fs"], retry=state["retry"], stats=state["stats"])
 
     def url(self, path: str) -> str:
-        """The URL of a filesystem path (what users and error messages see)."""
-        return str(self.fs.unstrip_protocol(path))
+        """The URL of a filesystem path (what users and error messages see), in the scheme the
+        dataset was opened with: adlfs would write ``abfs://`` for ``az://``."""
+        url = str(self.fs.unstrip_protocol(path))
+        scheme, sep, rest = url.partition("://")
+        names = getattr(self.fs, "protocol", ())
+        names = (names,) if isinstance(names, str) else tuple(names)
+        if sep and scheme != self.protocol and {scheme, self.protocol} <= set(names):
+            return f"{self.protocol}://{rest}"
+        return url
 
     def native(self, url: str) -> str:
         """The filesystem's own path for a URL (s3://b/k -> b/k; http URLs stay whole)."""
