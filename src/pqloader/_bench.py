@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from ._dataset import ParquetDataset
@@ -66,6 +67,8 @@ def bench(dataset: ParquetDataset, *, max_batches: int | None = None, progress: 
             bar.update(1)
             if batches >= total:
                 break
+    if loader.device is not None:  # copies to the device run ahead of the loop: wait for them
+        torch.cuda.synchronize(loader.device)
     seconds = time.perf_counter() - (timed if settled else start)
     return BenchResult(rows, batches, seconds, first or 0.0, rows / seconds if seconds else 0.0,
                        _peak_rss_mib())

@@ -147,7 +147,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     result = bench(ds, max_batches=args.max_batches,
                    progress=False if args.no_progress else None,
                    batch_size=args.batch_size, shuffle=not args.no_shuffle, seed=args.seed,
-                   num_workers=args.num_workers, worker_type=args.worker_type)
+                   num_workers=args.num_workers, worker_type=args.worker_type,
+                   device=args.device)
     if args.json:
         print(json.dumps(result.as_dict()))
     else:
@@ -155,7 +156,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               f"{result.seconds:.2f} s: {result.rows_per_s:,.0f} rows/s; first batch after "
               f"{result.first_batch_s:.2f} s; peak RSS ~{result.peak_rss_mib:,.0f} MiB "
               f"({args.num_workers} {args.worker_type} workers, "
-              f"{'no shuffle' if args.no_shuffle else 'shuffled'})")
+              f"{'no shuffle' if args.no_shuffle else 'shuffled'}"
+              f"{f', to {args.device}' if args.device else ''})")
     return 0
 
 
@@ -281,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a number, or 'auto' (tuned while it runs: measure a few epochs' "
                     "worth, --max-batches, to see it settled)")
     be.add_argument("--worker-type", choices=("thread", "process"), default="thread")
+    be.add_argument("--device", metavar="DEV",
+                    help="deliver batches to this CUDA device (e.g. cuda), as DataLoader(device=)")
     be.add_argument("--no-shuffle", action="store_true", help="read in file order")
     be.add_argument("--seed", type=int, default=0)
     be.add_argument("--max-batches", type=_positive_int, metavar="N",

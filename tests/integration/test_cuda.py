@@ -166,3 +166,11 @@ def test_device_moves_what_collate_fn_returns(ds: pqloader.ParquetDataset) -> No
     assert all(ids.is_cuda for ids, _ in out)
     assert all(text == [f"row {i}" for i in ids.tolist()] for ids, text in out)
     assert sorted(i for ids, _ in out for i in ids.tolist()) == list(range(ROWS))
+
+
+@cuda
+def test_bench_waits_for_the_last_copy(ds: pqloader.ParquetDataset) -> None:
+    from pqloader._bench import bench
+
+    result = bench(ds, batch_size=BATCH, device="cuda", num_workers=2, progress=False)
+    assert result.rows == ROWS and result.rows_per_s > 0

@@ -338,6 +338,18 @@ def test_bench_takes_auto_workers(make_dataset, capsys) -> None:
     assert code == 2 and "'auto'" in err
 
 
+def test_bench_takes_a_device(make_dataset, capsys) -> None:
+    import torch
+
+    path = make_dataset(1000)
+    code, out, _ = run(capsys, "bench", path, "--batch-size", "100", "--device", "cpu",
+                       "--no-progress")
+    assert code == 0 and out.startswith("1,000 rows in 10 batches") and "to cpu" in out
+    if not torch.cuda.is_available():
+        code, _, err = run(capsys, "bench", path, "--device", "cuda", "--no-progress")
+        assert code == 1 and "device='cuda'" in err and "no CUDA device" in err
+
+
 def test_tune_ranks_settings_best_first(make_dataset, capsys) -> None:
     code, out, _ = run(capsys, "tune", make_dataset(2000), "--batch-size", "100",
                        "--max-batches", "5", "--repeats", "1", "--settle-s", "0.5", "--json")
