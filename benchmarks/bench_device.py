@@ -27,7 +27,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -149,8 +148,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown := sorted(set(args.methods) - set(METHODS)):
         p.error(f"unknown methods {unknown}; choose among {', '.join(METHODS)}")
     if args.data is None:
-        args.data = Path(tempfile.gettempdir()) / (
-            f"pqloader-bench-tabular-{args.rows}x{args.files}-{args.row_group_size}")
+        args.data = bench_tabular.default_data(args.rows, args.files, args.row_group_size)
     return args
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from bench_tabular import SEED, ensure_data
+from bench_tabular import SEED, default_data, ensure_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -103,8 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.tiny:
         args.rows, args.files, args.row_group_size, args.repeats = 100_000, 4, 8192, 1
     if args.data is None:
-        args.data = Path(tempfile.gettempdir()) / (
-            f"pqloader-bench-tabular-{args.rows}x{args.files}-{args.row_group_size}")
+        args.data = default_data(args.rows, args.files, args.row_group_size)
     return args
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from bench_tabular import NUM_FEATURES, SEED, ensure_data
+from bench_tabular import NUM_FEATURES, SEED, default_data, ensure_data
 
 POSITIONS = (0.0, 0.01, 0.5, 0.99)
 WORKERS = (0, 2)
@@ -232,9 +232,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"got {args.positions}")
     if args.child:
         args.workers = args.child_workers
-    if args.data is None:  # the same folder as bench_tabular's, so that both share the data
-        args.data = Path(tempfile.gettempdir()) / (
-            f"pqloader-bench-tabular-{args.rows}x{args.files}-{args.row_group_size}")
+    if args.data is None:
+        args.data = default_data(args.rows, args.files, args.row_group_size)
     return args
 
 

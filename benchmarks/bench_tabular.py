@@ -55,6 +55,11 @@ def _batches(rows: int, row_group_size: int) -> Any:
         yield pa.RecordBatch.from_arrays([pa.array(c) for c in [*features, label]], names=names)
 
 
+def default_data(rows: int, files: int, row_group_size: int) -> Path:
+    """W1's folder under the temp dir: the benchmarks that read W1 share it (and its pages)."""
+    return Path(tempfile.gettempdir()) / f"pqloader-bench-tabular-{rows}x{files}-{row_group_size}"
+
+
 def ensure_data(path: Path, rows: int, files: int, row_group_size: int) -> None:
     """Write the dataset into ``path`` unless it already holds it (same rows and files)."""
     rows_per_file = -(-rows // files)
@@ -326,8 +331,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown := sorted(set(args.methods) - set(METHODS + PEER_METHODS)):
         p.error(f"unknown methods {unknown}; choose among {', '.join(METHODS + PEER_METHODS)}")
     if args.data is None:
-        args.data = Path(tempfile.gettempdir()) / (
-            f"pqloader-bench-tabular-{args.rows}x{args.files}-{args.row_group_size}")
+        args.data = default_data(args.rows, args.files, args.row_group_size)
     return args
 
 
