@@ -17,13 +17,13 @@ from ._deliver import Delivery
 from ._device import Placement, resolve_device
 from ._errors import (
     InvalidArgumentError,
-    LoaderTimeoutError,
     StateMismatchError,
     check_positive,
 )
 from ._plan import RankPlan
+from ._processes import ProcessDelivery
 from ._state import Cursor, make_state, read_state
-from ._torch import Planner, TorchIterable
+from ._torch import Planner
 from ._world import resolve_world
 
 if TYPE_CHECKING:
@@ -145,13 +145,15 @@ class DataLoader:
         self._epoch = 0
         self._batches = 0  # batches of self._epoch yielded so far (what state_dict saves)
         self._resume: int | None = None  # batches to skip in the next iteration (restored)
-        self._torch_loader: torch.utils.data.DataLoader[Any] | None = None
         self.device = resolve_device(device)
         pin = pin_memory and torch.cuda.is_available()
         if pin_memory and not pin:
             warnings.warn("pin_memory=True but no CUDA device is available: not pinning",
                           stacklevel=2)
         self._placement = Placement(pin=pin, device=self.device, audited=audit_dir is not None)
+        # torch's thread pins each tensor there; a device copy is made in receive
+        self._processes = ProcessDelivery(self._planner, self.workers,
+                                          pin=self._placement.pin)
 
     # -- the torch habits -------------------------------------------------------------------
     @property
@@ -235,7 +237,7 @@ class DataLoader:
                       "resumed_from": cursor.origin}
             batches = 0
         planner.origin = None if origin is None else (cursor.epoch, origin)
-        self._torch_loader = None  # persistent worker processes must see the new plan
+        self._processes.forget()  # persistent worker processes must see the new plan
         self._epoch, self._batches, self._resume = cursor.epoch, batches, batches
 
     def __iter__(self) -> Iterator[Any]:
@@ -254,7 +256,7 @@ class DataLoader:
         elif w.worker_type == "thread":
             batches = self._iter_threads(self._planner.plan(epoch, w.num_workers), epoch, start)
         else:
-            batches = self._iter_processes(epoch, start)
+            batches = self._processes.batches(epoch, start, self._placement.receive)
         if self._audit_dir is not None and self._audit is None:
             c = self.config
             self._audit = AuditLog(self._audit_dir, rank=c.world.rank,
@@ -307,40 +309,3 @@ class DataLoader:
                 yield batch
         finally:
             delivery.close()
-
-    def _iter_processes(self, epoch: int, start: int) -> Iterator[Any]:
-        loader = self._torch_loader
-        if loader is None:
-            w = self.workers
-            loader = torch.utils.data.DataLoader(
-                TorchIterable.from_planner(self._planner), batch_size=None,
-                # torch's thread pins each tensor; a device copy is made here, in one transfer
-                num_workers=w.num_workers, pin_memory=self._placement.pin, timeout=w.timeout,
-                worker_init_fn=w.worker_init_fn,
-                persistent_workers=w.persistent_workers, prefetch_factor=w.prefetch_factor,
-                multiprocessing_context=w.multiprocessing_context,
-            )
-            if w.persistent_workers:
-                self._torch_loader = loader
-        loader.dataset.set_epoch(epoch, start)  # type: ignore[attr-defined]
-        it = iter(loader)
-        try:
-            if self.device is None:
-                yield from it
-            else:
-                place = self._placement
-                yield from (place.receive(place.finish(b)) for b in it)
-        except RuntimeError as exc:
-            if not str(exc).startswith("DataLoader timed out"):
-                raise
-            for process in getattr(it, "_workers", ()):  # stuck: joining them would hang
-                process.terminate()
-            raise LoaderTimeoutError(
-                f"no batch from a worker process within timeout={self.workers.timeout} s; "
-                "raise timeout= or look for a slow file system or transform"
-            ) from exc
-        finally:
-            # On an error, torch's iterator lives on in the traceback's reference cycle and
-            # its workers with it, until a GC pass blocks on joining them: stop them now.
-            if not self.workers.persistent_workers and hasattr(it, "_shutdown_workers"):
-                it._shutdown_workers()
