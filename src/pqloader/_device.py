@@ -29,7 +29,9 @@ _ALIGN = 64  # bytes: each group's place in a staging buffer, so that any dtype 
 
 
 def resolve_device(device: str | int | torch.device | None) -> torch.device | None:
-    """The CUDA device batches go to, or None (``None`` or a CPU device: they stay put)."""
+    """The CUDA device batches go to, or None (``None`` or a CPU device: they stay put).
+
+    Checks what it can without opening a CUDA context."""
     if device is None:
         return None
     try:
@@ -48,12 +50,14 @@ def resolve_device(device: str | int | torch.device | None) -> torch.device | No
             f"device={device!r}, but torch sees no CUDA device; pass device=None to keep "
             "batches on the host"
         )
-    index = torch.cuda.current_device() if resolved.index is None else resolved.index
-    if index >= torch.cuda.device_count():
+    if resolved.index is not None and resolved.index >= torch.cuda.device_count():
         raise InvalidArgumentError(
             f"device={device!r}: torch sees {torch.cuda.device_count()} CUDA device(s)"
         )
-    return torch.device("cuda", index)
+    # No index: the current device when a batch is copied, as for tensor.to("cuda"). Asking
+    # for it here would initialise CUDA in the constructor, and pin the loader to device 0 in
+    # every DDP rank that makes its loader before torch.cuda.set_device(local_rank).
+    return resolved
 
 
 class Placement:

@@ -66,9 +66,9 @@ class DataLoader:
         device: a CUDA device (``"cuda"``, ``"cuda:1"``): batches arrive there. Each batch
             is staged in pinned memory and crosses in one copy, on a side stream; the caller's
             current stream waits for it, so use the batch on that stream. ``"cuda"`` is the
-            current device when the loader is made: under DDP, call
-            ``torch.cuda.set_device(local_rank)`` first. ``None`` or ``"cpu"``: batches stay
-            on the host.
+            current device when the first batch is copied, as for ``tensor.to("cuda")``:
+            under DDP, call ``torch.cuda.set_device(local_rank)`` before iterating. ``None`` or
+            ``"cpu"``: batches stay on the host.
         memory_budget_bytes: the most resident memory (RSS) the loader may add to its
             processes, all workers together, above what they held when the iteration began.
             Shuffle windows are sized to fit (smaller windows mix less), and a worker reads

@@ -63,7 +63,8 @@ def test_device_argument() -> None:
         with pytest.raises(pqloader.InvalidArgumentError, match="sees no CUDA device"):
             resolve_device("cuda")
     else:
-        assert resolve_device("cuda") == torch.device("cuda", torch.cuda.current_device())
+        assert resolve_device("cuda") == torch.device("cuda")  # the current one, at each copy
+        assert resolve_device(0) == torch.device("cuda", 0)
         with pytest.raises(pqloader.InvalidArgumentError, match="CUDA device"):
             resolve_device(f"cuda:{torch.cuda.device_count()}")
 
