@@ -181,8 +181,8 @@ def _stack_into(tensors: list[torch.Tensor], host: torch.Tensor, host_bytes: np.
                 dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> None:
     """``torch.stack(tensors)`` written at byte ``offset`` of the pinned buffer ``host``.
 
-    numpy copies where it can: its calls keep the GIL (see ``Placement._copy``), and its copy
-    took half the time of torch's (H100 host, 32 columns of 4,096 float32: 134 against 271 µs).
+    numpy copies where it can: its copy took half the time of torch's ``cat`` (H100 host, 32
+    columns of 4,096 float32 into pinned memory: 134 against 271 µs).
     """
     nbytes = tensors[0].element_size() * math.prod(shape)
     np_dtype = _numpy_dtype(dtype)
