@@ -34,6 +34,9 @@ def resolve_device(device: str | int | torch.device | None) -> torch.device | No
     Checks what it can without opening a CUDA context."""
     if device is None:
         return None
+    if isinstance(device, int) and not torch.cuda.is_available():  # torch.device(0) raises
+        raise InvalidArgumentError(f"device={device!r}, but torch sees no CUDA device; pass "
+                                   "device=None to keep batches on the host")
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as exc:

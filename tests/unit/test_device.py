@@ -60,8 +60,9 @@ def test_device_argument() -> None:
     with pytest.raises(pqloader.InvalidArgumentError, match="CUDA devices only"):
         resolve_device("meta")
     if not torch.cuda.is_available():
-        with pytest.raises(pqloader.InvalidArgumentError, match="sees no CUDA device"):
-            resolve_device("cuda")
+        for device in ("cuda", "cuda:1", 0):
+            with pytest.raises(pqloader.InvalidArgumentError, match="sees no CUDA device"):
+                resolve_device(device)
     else:
         assert resolve_device("cuda") == torch.device("cuda")  # the current one, at each copy
         assert resolve_device(0) == torch.device("cuda", 0)
