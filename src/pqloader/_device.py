@@ -96,7 +96,7 @@ class Placement:
 
         Done in the caller's thread, not the workers': each torch call lets go of the GIL, and
         with several threads making such calls each waits to take it back. On an H100 host
-        (16 cores, W1) the copy made in the workers fed the device at 2.5-3.6 M rows/s with 2
+        (16 cores, W1) the copy made in the workers fed the device at 2.3-4.0 M rows/s with 2
         to 8 threads, against 4.6-5.2 M made here (and 7 M with no worker threads at all).
         """
         assert self.device is not None

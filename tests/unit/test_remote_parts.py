@@ -13,6 +13,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pytest
+import servers
 
 import pqloader
 from pqloader._cache import Cache
@@ -100,14 +101,10 @@ def test_gs_store_makes_one_attempt_and_leaves_other_gcsfs_filesystems_alone() -
     assert mine._request.__func__.__wrapped__ is plain
 
 
-AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
-               "KBHBeksoGMGw==")
-
-
 def test_az_store_makes_one_attempt_and_leaves_other_adlfs_filesystems_alone() -> None:
     adlfs = pytest.importorskip("adlfs")
     conn = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
-            f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:9/devstoreaccount1;")
+            f"AccountKey={servers.AZURE_KEY};BlobEndpoint=http://127.0.0.1:9/devstoreaccount1;")
 
     def policy(fs: Any) -> Any:
         return fs.service_client._config.retry_policy
