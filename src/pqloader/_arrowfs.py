@@ -55,10 +55,15 @@ class ArrowFs:
         return {i.path: self._info(i) for i in infos if i.type == pafs.FileType.File}
 
     def glob(self, pattern: str, detail: bool = True) -> dict[str, Any]:
-        import fnmatch
+        """Files matching ``pattern`` as fsspec matches them: ``*`` and ``?`` stay within one
+        folder, ``**`` crosses folders (``fnmatch`` would let ``*`` match ``/`` too)."""
+        import re
+
+        from fsspec.utils import glob_translate
 
         base = pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0].rsplit("/", 1)[0]
-        return {p: i for p, i in self.find(base).items() if fnmatch.fnmatch(p, pattern)}
+        match = re.compile(glob_translate(pattern)).match
+        return {p: i for p, i in self.find(base).items() if match(p)}
 
     def cat_file(self, path: str, start: int, end: int) -> bytes:
         with self.fs.open_input_file(path) as f:

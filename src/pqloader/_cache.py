@@ -23,6 +23,7 @@ import struct
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,8 +76,16 @@ class Cache:
         self.directory = Path(directory)
         self.max_bytes = None if max_bytes is None else int(max_bytes)
         self._root = self.directory / _LAYOUT
-        self._used: int | None = None  # bytes on disk, as last counted plus our own puts
+        self._reset()
+
+    def _reset(self) -> None:
+        """This process's bookkeeping: made anew after a fork (a lock held by another thread
+        of the parent at the fork would never be released in the child)."""
+        self._pid = os.getpid()
         self._lock = threading.Lock()
+        self._used: int | None = None  # bytes on disk, as last counted plus our own puts
+        self._unsynced = 0  # bytes this process wrote since it last counted the disk
+        self._warned = False  # a failed write was reported
 
     def __repr__(self) -> str:
         return f"Cache({str(self.directory)!r}, max_bytes={self.max_bytes})"
@@ -100,7 +109,7 @@ class Cache:
         try:
             with pa.memory_map(str(path)) as f:
                 raw = f.read_buffer()  # the mapping outlives the file handle and an unlink
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except (OSError, pa.ArrowException):  # e.g. an empty file cannot be mapped
             raw = None
@@ -115,9 +124,16 @@ class Cache:
         return payload
 
     def put(self, url: str, version: str | None, offset: int, length: int,
-            data: Buffer | Sequence[Buffer]) -> None:
+            data: Buffer | Sequence[Buffer]) -> bool:
         """Store ``data`` (one buffer, or consecutive pieces written without joining them);
-        atomic, so concurrent readers and writers see a whole entry or none."""
+        atomic, so concurrent readers and writers see a whole entry or none.
+
+        Best effort: a cache that cannot be written (read-only, full disk, a file where the
+        folder should be) warns once per process and returns False; the data was fetched all
+        the same, and reads go on without the cache.
+        """
+        if self._pid != os.getpid():
+            self._reset()
         pieces = [data] if isinstance(data, (bytes, memoryview, pa.Buffer)) else list(data)
         size = sum(len(memoryview(p)) for p in pieces)
         if size != length:
@@ -126,9 +142,9 @@ class Cache:
         header = json.dumps({"url": url, "version": version, "offset": offset,
                              "length": length}).encode()
         digest = xxhash.xxh3_64()
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex}")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
                 f.write(_MAGIC + struct.pack("<I", len(header)) + header)
                 for piece in pieces:
@@ -136,18 +152,37 @@ class Cache:
                     f.write(piece)
                 f.write(_TRAILER.pack(digest.intdigest()))
             os.replace(tmp, path)
-        except OSError:
+        except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-            raise
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"pqloader cache {self.directory} cannot be written ({exc}); "
+                              "reading without it. Check the folder's permissions and free "
+                              "space, or pass cache=None", RuntimeWarning, stacklevel=2)
+            return False
         if self.max_bytes is not None:
-            with self._lock:
-                if self._used is None:
-                    self._used = self.usage()
-                self._used += 8 + len(header) + length + _TRAILER.size
-                over = self._used > self.max_bytes
-            if over:
-                self.evict()
+            self._account(8 + len(header) + length + _TRAILER.size)
+        return True
+
+    def _account(self, written: int) -> None:
+        """Count a put and evict when over ``max_bytes``. Other processes (workers, other
+        jobs) write to the same folder unseen: the disk is counted again after every 1/16 of
+        ``max_bytes`` written here, so the cache overshoots by about that per process."""
+        assert self.max_bytes is not None
+        with self._lock:
+            recount = self._used is None or self._unsynced + written > self.max_bytes // 16
+            self._unsynced = 0 if recount else self._unsynced + written
+        if recount:
+            used = self.usage()  # outside the lock: a scan of the whole folder
+        with self._lock:
+            if recount:
+                self._used = used
+            else:
+                self._used = (self._used or 0) + written
+            over = self._used > self.max_bytes
+        if over:
+            self.evict()
 
     # -- maintenance -----------------------------------------------------------------------
     def _files(self) -> Iterator[os.DirEntry[str]]:
@@ -190,7 +225,10 @@ class Cache:
             if self.max_bytes is None:
                 return 0
             target = int(self.max_bytes * _EVICT_TO)
-        self._root.mkdir(parents=True, exist_ok=True)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise InvalidArgumentError(f"cache directory {self.directory} is not a folder")
+        if not self._root.is_dir():
+            return 0  # nothing cached (and a mistyped folder is not made)
         freed = 0
         with open(self._root / ".lock", "a+b") as lock:
             try:
@@ -239,7 +277,8 @@ class Cache:
         if not self.directory.is_dir():
             return out
         for sub in os.scandir(self.directory):
-            if sub.name != _LAYOUT and _is_layout(sub.name) and sub.is_dir(follow_symlinks=False):
+            if sub.name != _LAYOUT and _is_layout(sub.name) and sub.is_dir(follow_symlinks=False) \
+                    and _holds_entries_only(Path(sub.path)):
                 out[sub.name] = _tree_bytes(Path(sub.path))
         return dict(sorted(out.items()))
 
@@ -254,6 +293,27 @@ class Cache:
 
 def _is_layout(name: str) -> bool:
     return len(name) > 1 and name[0] == "v" and name[1:].isdigit()
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _holds_entries_only(root: Path) -> bool:
+    """True when ``root`` holds nothing but what a cache layout writes (``ab/<sha256>.pqc``,
+    temporaries, the lock): a ``v1/`` of the user's own files beside the cache is not one, and
+    ``clear`` must never delete it."""
+    for sub in os.scandir(root):
+        if sub.name == ".lock" and sub.is_file(follow_symlinks=False):
+            continue
+        if not (len(sub.name) == 2 and set(sub.name) <= _HEX
+                and sub.is_dir(follow_symlinks=False)):
+            return False
+        for entry in os.scandir(sub.path):
+            if not (entry.is_file(follow_symlinks=False) and (
+                    entry.name.startswith(".tmp-") or (entry.name.endswith(".pqc")
+                                                       and entry.name.startswith(sub.name)))):
+                return False
+    return True
 
 
 def _tree_bytes(root: Path) -> int:
@@ -301,7 +361,7 @@ def cached_ranges(store: Store, cache: Cache | None, path: str, version: str | N
     it, so it is never joined in memory (nor held twice); if it is gone again already (evicted
     by another process, or a cache smaller than it), the pieces are joined instead.
     """
-    if cache is None:
+    if cache is None or version is None:  # no version (no ETag, no mtime): never stale
         return dict(store.read_ranges(path, ranges))
     url = store.url(path)
     found: dict[Range, Buffer] = {}
@@ -318,11 +378,11 @@ def cached_ranges(store: Store, cache: Cache | None, path: str, version: str | N
             found[r] = data
     store.stats.add(cache_hits=len(found), cache_misses=len(missing))
     for r, pieces in store.read_pieces(path, missing).items():
-        cache.put(url, version, *r, pieces)
-        written: Buffer | None
-        try:
-            written = cache.get(url, version, *r)
-        except CorruptCacheEntry:
-            written = None
+        written: Buffer | None = None
+        if cache.put(url, version, *r, pieces):
+            try:
+                written = cache.get(url, version, *r)
+            except CorruptCacheEntry:
+                written = None
         found[r] = written if written is not None else b"".join(pieces)
     return found

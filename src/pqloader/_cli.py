@@ -199,6 +199,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
+    if not Path(args.dir).is_dir():  # a mistyped folder: say so, make nothing
+        what = f"{args.dir} is not a folder" if Path(args.dir).exists() else \
+            f"no cache folder at {args.dir}"
+        if args.action == "clear" and not Path(args.dir).exists():
+            print(f"{what}: nothing to clear")
+            return 0
+        raise CommandFailure(f"{what}; pass the folder given as pqloader.Cache(directory)")
     cache = pqloader.Cache(args.dir)
     if args.action == "clear":
         print(f"freed {human_bytes(cache.clear())} in {args.dir}")

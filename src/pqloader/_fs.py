@@ -29,7 +29,7 @@ from ._backends import own_retries, set_retries
 from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
 from ._iostats import IOStats
 from ._ranges import Range, coalesce, cut
-from ._retry import Limiter, RetryPolicy, classify, with_timeout
+from ._retry import Limiter, RangeIgnored, RetryPolicy, ShortRead, classify, with_timeout
 
 # Extras that provide each protocol, for the install hint when one is missing.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
@@ -223,9 +223,14 @@ class Store:
             try:
                 with self.limiter:
                     data = with_timeout(fn, policy.timeout_s)
-                if expect is not None and len(data) != expect:
-                    raise ConnectionError(f"short read: {len(data)} of {expect} bytes")
-            except BaseException as exc:
+                if expect is not None and len(data) < expect:
+                    raise ShortRead(f"short read: {len(data)} of {expect} bytes")
+                if expect is not None and len(data) > expect:
+                    raise RangeIgnored(
+                        f"asked for {expect} bytes, got {len(data)}: the server ignores "
+                        "HTTP Range requests and sends the whole object; serve the files "
+                        "from a server that honours Range (nginx, S3, GCS and Azure do)")
+            except Exception as exc:  # not BaseException: Ctrl-C stops, it is no IO error
                 kind = "transient" if isinstance(exc, FutureTimeout) else classify(exc)
                 if kind == "fatal" or attempt + 1 == policy.attempts:
                     raise _remote_error(self.url(path), exc, attempt + 1, kind) from exc
@@ -245,9 +250,9 @@ class Store:
 
 
 def _remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exception:
-    if isinstance(exc, FileNotFoundError):
+    if isinstance(exc, FileNotFoundError) and kind == "fatal":  # not a 503 in disguise
         return DatasetNotFoundError(f"{url}: no such object ({exc})")
-    if isinstance(exc, PermissionError):
+    if isinstance(exc, PermissionError) and kind == "fatal":
         return RemoteIOError(f"{url}: access denied ({exc}); check the credentials in "
                              "storage_options")
     if kind == "fatal":
@@ -265,14 +270,24 @@ def _hint(protocol: str) -> str:
     return f"reading {protocol}:// needs an fsspec filesystem for it: {pkg}"
 
 
+# What tells one version of an object from the next, best first: S3's ETag, GCS's generation,
+# Azure's etag, fsspec HTTP's headers (ETag, Content-MD5, Digest, Last-Modified), mtimes.
+_VERSION_KEYS = ("ETag", "etag", "generation", "version_id", "VersionId", "md5Hash",
+                 "Content-MD5", "Digest", "mtime", "LastModified", "last_modified",
+                 "Last-Modified", "created")
+
+
 def _object_info(info: dict[str, Any]) -> ObjectInfo:
+    """An fsspec ``info`` dict as an :class:`ObjectInfo`. The version also carries the size,
+    so an object rewritten within its timestamp's resolution (HTTP's Last-Modified is to the
+    second) at another size is still a new version; with no version key at all it is
+    ``None``, and such an object is never cached (see ``cached_ranges``)."""
     name = str(info.get("name") or info.get("Key") or "")
     size = int(info.get("size") or info.get("Size") or 0)
     version = None
-    for key in ("ETag", "etag", "generation", "version_id", "VersionId", "md5Hash", "mtime",
-                "LastModified", "last_modified", "created"):
+    for key in _VERSION_KEYS:
         value = info.get(key)
         if value not in (None, ""):
-            version = f"{key}={value}"
+            version = f"{key}={value};size={size}"
             break
     return ObjectInfo(name, size, version)

@@ -154,7 +154,7 @@ class FragmentReader:
         some of the columns fetched again what the cache already held.
         """
         d = self._d
-        if d.cache is None or d.store is None:
+        if d.cache is None or d.store is None or obj.version is None:
             return None
         every = coalesce([_chunk_range(rg.column(i), obj.size) for i in range(rg.num_columns)],
                          d.store.retry.hole_bytes, part=_NO_SPLIT)

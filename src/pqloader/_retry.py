@@ -18,7 +18,16 @@ from typing import Any
 
 from ._errors import InvalidArgumentError
 
-__all__ = ["Limiter", "RetryPolicy", "classify", "with_timeout"]
+__all__ = ["Limiter", "RangeIgnored", "RetryPolicy", "ShortRead", "classify", "with_timeout"]
+
+
+class ShortRead(ConnectionError):
+    """A ranged GET that returned fewer bytes than asked for (a connection cut short): retried."""
+
+
+class RangeIgnored(Exception):
+    """A ranged GET answered with more bytes than asked for: the server ignores HTTP Range
+    requests (the whole object each time), so retrying cannot help."""
 
 _THROTTLED = re.compile(r"\b(503|429)\b|SlowDown|ServerBusy|Throttl|TooManyRequests|"
                         r"Too Many Requests|RequestLimitExceeded|Reduce your request rate",
@@ -55,10 +64,14 @@ class RetryPolicy:
 
 def classify(exc: BaseException) -> str:
     """``"throttled"``, ``"transient"`` (retry) or ``"fatal"`` (403, 404, bad request...)."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
-                        NotADirectoryError, InvalidArgumentError)):
-        return "fatal"
+    if isinstance(exc, ShortRead):  # by type: "120 of 503 bytes" names no status
+        return "transient"
+    # The status first: fsspec's HTTP info() raises FileNotFoundError from a 503 or a 429.
     status = _status(exc)
+    if status is None and isinstance(exc, (
+            FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+            InvalidArgumentError, RangeIgnored)):
+        return "fatal"
     if status in (429, 503):
         return "throttled"
     if status is not None and (status >= 500 or status == 408):  # 408: Request Timeout

@@ -1,0 +1,170 @@
+"""Remote IO at its edges: errors in disguise, servers that ignore Range, objects with no ETag,
+caches that cannot be written, shared by several jobs, or held across a fork."""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+import pqloader
+from pqloader._cache import Cache, cached_ranges
+from pqloader._cli import main as cli
+from pqloader._fs import Store, _object_info
+from pqloader._retry import RangeIgnored, RetryPolicy, ShortRead, classify
+
+
+class _Status(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+def _raised_from(exc: BaseException, cause: BaseException) -> BaseException:
+    try:
+        raise exc from cause
+    except BaseException as caught:
+        return caught
+
+
+class _Bytes:
+    """A filesystem of one object whose reads can misbehave: answer whole (no Range), or
+    raise what ``fail`` returns once."""
+
+    protocol = "edge"
+
+    def __init__(self, data: bytes, *, whole: bool = False,
+                 fail: BaseException | None = None) -> None:
+        self.data, self.whole, self.fail, self.calls = data, whole, fail, 0
+
+    def cat_file(self, path: str, start: int, end: int) -> bytes:
+        self.calls += 1
+        if self.fail is not None:
+            fail, self.fail = self.fail, None
+            raise fail
+        return self.data if self.whole else self.data[start:end]
+
+    def unstrip_protocol(self, path: str) -> str:
+        return f"edge://{path}"
+
+
+def test_a_503_raised_as_file_not_found_is_retried_not_missing() -> None:
+    # fsspec's HTTP info() raises FileNotFoundError(url) from the 503 or 429 it got
+    assert classify(_raised_from(FileNotFoundError("http://h/a"), _Status(503))) == "throttled"
+    assert classify(_raised_from(FileNotFoundError("http://h/a"), _Status(500))) == "transient"
+    assert classify(_raised_from(FileNotFoundError("http://h/a"), _Status(404))) == "fatal"
+    assert classify(FileNotFoundError("http://h/a")) == "fatal"
+
+
+def test_a_short_read_is_transient_whatever_its_byte_counts() -> None:
+    assert classify(ShortRead("short read: 120 of 503 bytes")) == "transient"
+    assert classify(RangeIgnored("asked for 503 bytes, got 4096")) == "fatal"
+
+
+def test_a_server_that_ignores_range_fails_at_once_and_says_why() -> None:
+    fs = _Bytes(bytes(1000), whole=True)
+    store = Store("edge", filesystem=fs, retry=RetryPolicy(base_delay_s=0.001))
+    with pytest.raises(pqloader.RemoteIOError, match=r"edge://obj: .*ignores HTTP Range"):
+        store.read("obj", 10, 20)
+    assert fs.calls == 1  # not retried: every attempt would download the whole object
+
+
+def test_ctrl_c_during_a_request_is_not_an_io_error() -> None:
+    store = Store("edge", filesystem=_Bytes(bytes(10), fail=KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        store.read("obj", 0, 5)
+
+
+def test_an_object_known_by_last_modified_alone_has_a_version_with_its_size() -> None:
+    info = {"name": "http://h/a.parquet", "size": 497,
+            "Last-Modified": "Mon, 23 Nov 2026 03:36:04 GMT"}  # fsspec HTTP with no ETag
+    version = _object_info(info).version
+    assert version is not None and "03:36:04" in version and "497" in version
+    assert _object_info({**info, "size": 498}).version != version
+    assert _object_info({"name": "http://h/a.parquet", "size": 497}).version is None
+
+
+def test_an_object_with_no_version_is_read_but_never_cached(tmp_path: Path) -> None:
+    fs = _Bytes(bytes(range(100)))
+    store = Store("edge", filesystem=fs)
+    cache = Cache(tmp_path)
+    for _ in range(2):
+        got = cached_ranges(store, cache, "obj", None, [(0, 10)])
+        assert bytes(got[(0, 10)]) == bytes(range(10))
+    assert fs.calls == 2 and cache.entries() == []  # a rewrite could never be noticed
+
+
+def test_an_arrow_filesystem_glob_stays_in_its_folder(tmp_path: Path) -> None:
+    (tmp_path / "old").mkdir()
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"x": [3, 4, 5]}), tmp_path / "old" / "b.parquet")
+    fs = pafs.LocalFileSystem()
+    assert len(pqloader.ParquetDataset(f"{tmp_path}/*.parquet", filesystem=fs)) == 2
+    assert len(pqloader.ParquetDataset(f"{tmp_path}/**/*.parquet", filesystem=fs)) == 5
+
+
+def test_a_cache_that_cannot_be_written_warns_once_and_reads_go_on(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_bytes(b"x")  # the cache's folder would have to live inside a file
+    cache = Cache(blocker / "cache")
+    store = Store("edge", filesystem=_Bytes(bytes(range(100))))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for start in (0, 10):
+            got = cached_ranges(store, cache, "obj", "v", [(start, 10)])
+            assert bytes(got[(start, 10)]) == bytes(range(start, start + 10))
+    assert [str(w.message).count("cannot be written") for w in caught] == [1]
+
+
+def test_max_bytes_holds_when_several_processes_share_the_cache(tmp_path: Path) -> None:
+    # Each Cache stands for a job of its own: it counts its own writes, not the others'.
+    jobs = [Cache(tmp_path, max_bytes=1_000_000) for _ in range(4)]
+    for i in range(40):
+        jobs[i % 4].put("u", "v", i * 50_000, 50_000, bytes(50_000))
+    assert jobs[0].usage() <= 1_000_000 * 1.1
+
+
+def test_a_child_forked_while_the_cache_lock_is_held_can_still_write(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, max_bytes=10**9)
+    cache.put("u", "v", 0, 10, bytes(10))
+    with cache._lock:  # another thread of the parent, mid-count, at the fork
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            timer = threading.Timer(20, os._exit, (3,))
+            timer.daemon = True
+            timer.start()
+            cache.put("u", "v", 10, 10, bytes(10))
+            os._exit(0 if cache.get("u", "v", 10, 10) is not None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_cache_commands_on_a_missing_folder_make_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "typo"
+    assert cli(["cache", "clear", str(missing)]) == 0
+    assert "nothing to clear" in capsys.readouterr().out
+    assert cli(["cache", "du", str(missing)]) == 1
+    assert "no cache folder" in capsys.readouterr().err
+    assert not missing.exists()
+
+
+def test_clear_never_deletes_a_users_folder_that_merely_looks_like_a_layout(
+        tmp_path: Path) -> None:
+    cache = Cache(tmp_path)
+    cache.put("u", "v", 0, 100, bytes(100))
+    mine = tmp_path / "v1" / "train"
+    mine.mkdir(parents=True)
+    (mine / "labels.csv").write_text("a,b\n")
+    (tmp_path / "v3").mkdir()
+    (tmp_path / "v3" / "notes.txt").write_text("keep me")
+    assert cache.old_layouts() == {}
+    cache.clear()
+    assert (mine / "labels.csv").exists() and (tmp_path / "v3" / "notes.txt").exists()
+    assert cache.entries() == []
