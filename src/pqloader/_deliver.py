@@ -288,3 +288,24 @@ class SharedStream:
                 self._close_raw()
             finally:
                 self._lock.release()
+
+
+class OncePerIndex:
+    """``worker_init_fn`` for thread workers with ``persistent_workers=True``: threads start
+    anew every pass, yet it runs once per worker index for the loader's life, as in torch's
+    persistent processes. A call that failed (its error reached the caller) is made again by
+    the next pass's thread, as torch would start a new process."""
+
+    def __init__(self, init: Callable[[int], Any]) -> None:
+        self._init = init
+        self._done: set[int] = set()
+        self._lock = threading.Lock()  # one thread per index at a time: only the set is shared
+
+    def __call__(self, index: int) -> Any:
+        with self._lock:
+            if index in self._done:
+                return None
+        result = self._init(index)
+        with self._lock:
+            self._done.add(index)
+        return result

@@ -13,7 +13,7 @@ import torch.utils.data
 from ._audit import AuditLog
 from ._autotune import ThreadTuner, TunerReport
 from ._config import LoaderConfig, WorkerConfig, WorkerType, resolve_num_workers
-from ._deliver import Delivery
+from ._deliver import Delivery, OncePerIndex
 from ._device import Placement, resolve_device
 from ._errors import (
     InvalidArgumentError,
@@ -44,7 +44,8 @@ class DataLoader:
             windows of ``shuffle_window_rows`` rows (default: about 64 MiB of decoded data).
         seed: with the epoch, fixes the order. Every rank must pass the same seed.
         num_workers: threads (default) or processes making batches; 0 makes them in the caller.
-            ``"auto"``: the batches of ``num_workers=0`` (one stream, whatever the tuning),
+            ``"auto"``: the batches of ``num_workers=0`` (one stream, whatever the tuning;
+            not with ``memory_budget_bytes``, which sizes windows for those read ahead),
             one window read ahead per core (at most 8), and, while batches flow, as many
             threads collating and transforming them as the measured rate favours, from none
             to one per core. The caller makes the batches no thread has taken (all of them at
@@ -71,10 +72,12 @@ class DataLoader:
             ``"cpu"``: batches stay on the host.
         memory_budget_bytes: the most resident memory (RSS) the loader may add to its
             processes, all workers together, above what they held when the iteration began.
-            Shuffle windows are sized to fit (smaller windows mix less), and a worker reads
-            ahead only while the real RSS leaves room. Memory the training step allocates
-            meanwhile counts too: leave it room. Too small a budget for one row group per
-            window raises :class:`pqloader.InvalidArgumentError`.
+            Shuffle windows are sized to fit (smaller windows mix less) the windows held at
+            once, which grow with the workers (with ``"auto"``, one per core read ahead): the
+            order then depends on ``num_workers`` and, for ``"auto"``, on the machine's
+            cores. A worker reads ahead only while the real RSS leaves room. Memory the
+            training step allocates meanwhile counts too: leave it room. Too small a budget
+            for one row group per window raises :class:`pqloader.InvalidArgumentError`.
         audit_dir: record the rows of every batch yielded, in a file per process in this
             folder, for :func:`pqloader.audit` (``pqloader audit DIR``) to check that an epoch
             saw every row exactly once, across ranks, workers and restarts.
@@ -154,6 +157,9 @@ class DataLoader:
         # torch's thread pins each tensor there; a device copy is made in receive
         self._processes = ProcessDelivery(self._planner, self.workers,
                                           pin=self._placement.pin)
+        # Threads start anew every pass; persistent ones run worker_init_fn once per index
+        self._thread_init = OncePerIndex(worker_init_fn) \
+            if worker_init_fn is not None and persistent_workers else worker_init_fn
 
     # -- the torch habits -------------------------------------------------------------------
     @property
@@ -178,7 +184,13 @@ class DataLoader:
         check_positive("epoch", epoch, allow_zero=True)
         if epoch != self._epoch:
             self._epoch, self._batches, self._resume = epoch, 0, None
+            self._forget_origin()
+
+    def _forget_origin(self) -> None:
+        """Plan whole epochs again, after the pass that a state with other settings resumed."""
+        if self._planner.origin is not None:
             self._planner.origin = None
+            self._processes.forget()  # persistent worker processes hold the old plan
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch (the same on every rank)."""
@@ -241,6 +253,8 @@ class DataLoader:
         self._epoch, self._batches, self._resume = cursor.epoch, batches, batches
 
     def __iter__(self) -> Iterator[Any]:
+        if self._resume is None:  # not the pass a restored state resumes: a whole epoch
+            self._forget_origin()
         epoch, start = self._epoch, self._resume or 0
         self._resume, self._batches = None, start
         w = self.workers
@@ -296,7 +310,7 @@ class DataLoader:
             streams, start=start, stop=stop, depth=self.workers.prefetch_factor * n,
             threads=tuner.threads if tuner is not None else threads or 0, max_threads=n,
             finish=self._placement.finish, caller_helps=tuner is not None,
-            worker_init_fn=self.workers.worker_init_fn, timeout_s=self.workers.timeout,
+            worker_init_fn=self._thread_init, timeout_s=self.workers.timeout,
             where=f"rank {self.config.world.rank}, epoch {epoch}",
         )
         if tuner is not None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import PQLoaderError
@@ -34,17 +35,31 @@ class _Loaded:
     num_rows: int
 
 
+_RNG_NAMES = ("rng", "generator", "gen")
+
+
 def transform_arity(transform: Callable[..., Any] | None) -> int:
-    """1 for ``transform(batch)``, 2 for ``transform(batch, rng)``."""
+    """1 for ``transform(batch)``, 2 for ``transform(batch, rng)``.
+
+    The generator is passed when a second positional parameter is required, or is named
+    ``rng`` (or ``generator``) even with a default. Not for ``f(batch, scale=2.0)``, nor for
+    ``*args`` alone: a ``torch.nn.Module`` (``__call__(*args, **kwargs)``; its ``forward`` is
+    read instead), ``nn.Sequential`` or a torchvision transform takes the batch alone.
+    """
     if transform is None:
         return 0
+    forward = getattr(transform, "forward", None)
+    target = forward if isinstance(transform, torch.nn.Module) and callable(forward) \
+        else transform
     try:
-        params = inspect.signature(transform).parameters.values()
+        params = list(inspect.signature(target).parameters.values())
     except (TypeError, ValueError):  # builtins without a signature
         return 1
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
-    return 2 if varargs or len(positional) >= 2 else 1
+    if len(positional) < 2:
+        return 1
+    second = positional[1]
+    return 2 if second.default is second.empty or second.name in _RNG_NAMES else 1
 
 
 @dataclass(frozen=True)

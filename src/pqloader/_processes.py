@@ -56,6 +56,7 @@ class ProcessDelivery:
                 raise
             for process in getattr(it, "_workers", ()):  # stuck: joining them would hang
                 process.terminate()
+            self.forget()  # persistent ones are gone: the next epoch starts new ones
             raise LoaderTimeoutError(
                 f"no batch from a worker process within timeout={w.timeout} s; raise "
                 "timeout= or look for a slow file system or transform"

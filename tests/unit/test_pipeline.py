@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
 
 import pytest
+import torch
 
-from pqloader._pipeline import read_ahead
+from pqloader._pipeline import read_ahead, transform_arity
 
 
 @pytest.mark.parametrize("ahead", [1, 2, 3])
@@ -43,3 +45,40 @@ def test_read_ahead_stops_loading_when_closed() -> None:
     it.close()
     time.sleep(0.05)
     assert len(started) <= 3
+
+
+class _Scale(torch.nn.Module):
+    def forward(self, batch: Any) -> Any:
+        return batch
+
+
+def _two(batch: Any, rng: Any) -> Any:
+    return batch
+
+
+def _scaled(batch: Any, scale: float = 2.0) -> Any:
+    return batch
+
+
+def _maybe_random(batch: Any, rng: Any = None) -> Any:
+    return batch
+
+
+def _anything(*args: Any) -> Any:
+    return args[0]
+
+
+@pytest.mark.parametrize(("transform", "arity"), [
+    (None, 0),
+    (lambda batch: batch, 1),
+    (_two, 2),
+    (_scaled, 1),  # a second parameter with a default is not the generator...
+    (_maybe_random, 2),  # ...unless it is named for it
+    (_anything, 1),
+    (_Scale(), 1),  # nn.Module.__call__ is (*args, **kwargs): its forward decides
+    (torch.nn.Sequential(_Scale()), 1),
+    (functools.partial(_two, rng=None), 1),
+    (len, 1),
+])
+def test_transform_arity(transform: Any, arity: int) -> None:
+    assert transform_arity(transform) == arity

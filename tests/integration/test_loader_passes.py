@@ -1,0 +1,133 @@
+"""Passes over one loader: again after a resume with other settings, across epochs with
+persistent workers, after a timeout: each pass is the epoch it should be."""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pqloader
+
+ROWS = 1000
+
+
+def _ids(batches: Any) -> list[int]:
+    return [int(i) for b in batches for i in b["id"]]
+
+
+def _resumed(make_dataset: Any, **kwargs: Any) -> pqloader.DataLoader:
+    """A loader of ``kwargs`` resumed from a state saved by another setting, 30 batches in."""
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    first = pqloader.DataLoader(ds, batch_size=10, shuffle=True, seed=3, num_workers=0)
+    it = iter(first)
+    for _ in range(30):
+        next(it)
+    state = first.state_dict()
+    loader = pqloader.DataLoader(ds, **{"batch_size": 10, **kwargs}, shuffle=True, seed=3)
+    loader.load_state_dict(state)
+    return loader
+
+
+@pytest.mark.parametrize("kwargs", [{"num_workers": 2}, {"num_workers": 3},
+                                    {"num_workers": 2, "batch_size": 20}])
+def test_the_pass_after_an_elastic_resume_is_a_whole_epoch(make_dataset: Any,
+                                                           kwargs: dict[str, Any]) -> None:
+    loader = _resumed(make_dataset, **kwargs)
+    rest = _ids(loader)
+    assert len(rest) == len(set(rest)) == ROWS - 300  # the rows the state had not delivered
+    for _ in range(2):  # the same epoch again, no set_epoch: all of it, as torch would
+        again = _ids(loader)
+        assert sorted(again) == list(range(ROWS))
+        assert len(loader) == -(-ROWS // loader.batch_size)
+
+
+def test_persistent_processes_forget_a_resumed_plan_with_the_epoch(make_dataset: Any) -> None:
+    loader = _resumed(make_dataset, num_workers=2, worker_type="process",
+                      persistent_workers=True)
+    try:
+        counts = [len(list(loader))]
+        for epoch in (1, 0):
+            loader.set_epoch(epoch)
+            counts.append(len(list(loader)))
+        assert counts == [70, 100, 100]  # not 70 again: the workers hold the whole plan
+    finally:
+        del loader
+        gc.collect()
+
+
+class _SlowOnce:
+    """Stalls the first time it sees a batch with a marker file present."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.marker.exists():
+            time.sleep(30)
+        return batch
+
+
+def test_persistent_processes_start_again_after_a_timeout(make_dataset: Any,
+                                                          tmp_path: Path) -> None:
+    marker = tmp_path / "stall"
+    marker.touch()
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_type="process",
+                                 persistent_workers=True, timeout=2,
+                                 transform=_SlowOnce(marker))
+    try:
+        with pytest.raises(pqloader.LoaderTimeoutError):
+            list(loader)
+        marker.unlink()
+        loader.set_epoch(1)
+        assert sorted(_ids(loader)) == list(range(ROWS))
+    finally:
+        del loader
+        gc.collect()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_worker_init_fn_of_persistent_threads_runs_once_per_index(
+        make_dataset: Any, persistent: bool) -> None:
+    calls: list[int] = []
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_init_fn=calls.append,
+                                 persistent_workers=persistent)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        assert sorted(_ids(loader)) == list(range(ROWS))
+    assert sorted(calls) == ([0, 1] if persistent else [0, 0, 0, 1, 1, 1])
+
+
+def test_a_failed_worker_init_fn_runs_again_next_pass(make_dataset: Any) -> None:
+    calls: list[int] = []
+
+    def init(index: int) -> None:
+        calls.append(index)
+        if len(calls) == 1:
+            raise ValueError("first init fails")
+
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=1, worker_init_fn=init,
+                                 persistent_workers=True)
+    with pytest.raises(ValueError, match="first init fails"):
+        list(loader)
+    assert sorted(_ids(loader)) == list(range(ROWS))
+    assert calls == [0, 0]
+
+
+def test_a_random_transform_still_gets_its_generator(make_dataset: Any) -> None:
+    seen: list[type] = []
+
+    def flip(batch: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        seen.append(type(rng))
+        return batch
+
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    list(pqloader.DataLoader(ds, batch_size=500, num_workers=0, transform=flip))
+    assert seen == [np.random.Generator] * 2
