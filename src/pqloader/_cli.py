@@ -115,6 +115,8 @@ def _cmd_write(args: argparse.Namespace) -> int:
                        "reading either later would see the other", code=2)
     rows = [0]
     stream = pa.RecordBatchReader.from_batches(schema, counted(batches, source, fmt, rows))
+    # --overwrite over a dataset writes the new files aside and swaps them in only at the end
+    replacing = args.overwrite and any(Path(args.dst).glob("part-*.parquet"))
     try:
         paths = pqloader.write_dataset(
             stream, args.dst, rows_per_file=args.rows_per_file,
@@ -122,8 +124,11 @@ def _cmd_write(args: argparse.Namespace) -> int:
             overwrite=args.overwrite, progress=not args.no_progress)
     except pqloader.InvalidArgumentError as exc:  # its advice is for Python callers
         raise CommandFailure(str(exc).replace("overwrite=True", "--overwrite")) from exc
-    except CommandFailure as exc:  # the files finished before the error stay: say so
+    except CommandFailure as exc:  # say what the error left in DST
         done = len(list(Path(args.dst).glob("part-*.parquet")))
+        if replacing:  # those files are the old dataset, not a partial new one
+            raise CommandFailure(f"{exc}; {args.dst} was left unchanged: it still holds the "
+                                 f"previous dataset ({done} file{'s' * (done != 1)})") from exc
         raise CommandFailure(f"{exc}; {args.dst} keeps {done} files written before the error: "
                        "delete them or rerun with --overwrite" if done else str(exc)) from exc
     files, count = len(paths), rows[0]

@@ -20,6 +20,7 @@ from ._errors import (
     ColumnNotFoundError,
     DatasetNotFoundError,
     EmptyDatasetError,
+    InvalidArgumentError,
     SchemaMismatchError,
 )
 from ._footers import (
@@ -72,11 +73,32 @@ def _is_hidden(name: str) -> bool:
 
 
 def _walk(root: Path) -> list[Path]:
+    """Data files below ``root``, folders that are symbolic links included (a dataset
+    assembled from links to runs' outputs); a link back up the tree is followed once."""
     found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:  # a loop of links, or two links to one folder: read it once
+            dirnames[:] = []
+            continue
+        seen.add(real)
         dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
         found.extend(Path(dirpath) / f for f in sorted(filenames) if not _is_hidden(f))
     return found
+
+
+def _glob(pattern: str) -> list[Path]:
+    """Files matching ``pattern``, skipping hidden names in the folders it matched as well
+    (Spark's ``_temporary/``), as opening the folder does."""
+    fixed = len(os.path.dirname(pattern[:min(pattern.find(c) for c in _GLOB_CHARS
+                                               if c in pattern)]))
+    out = []
+    for match in sorted(glob.glob(pattern, recursive=True)):
+        below = match[fixed:].split(os.sep)
+        if os.path.isfile(match) and not any(_is_hidden(part) for part in below if part):
+            out.append(Path(match))
+    return out
 
 
 def expand_source(source: object) -> tuple[list[Path], Path | None]:
@@ -88,9 +110,8 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         text = text.removeprefix("file://")
-        if _GLOB_CHARS & set(text):
-            files = [Path(p) for p in sorted(glob.glob(text, recursive=True))]
-            files = [p for p in files if p.is_file() and not _is_hidden(p.name)]
+        if _GLOB_CHARS & set(text) and not os.path.exists(text):  # "exp[1]/" is a folder
+            files = _glob(text)
             if not files:
                 raise EmptyDatasetError(f"{text}: the glob matches no file")
             return files, None
@@ -249,18 +270,22 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
     part_schema = partition_schema(entries)
     if columns is not None:
         columns = list(columns)
+        if not columns or not all(isinstance(c, str) for c in columns):
+            raise InvalidArgumentError(
+                f"columns={columns!r}: pass a non-empty list of column names, or None for all")
         if len(set(columns)) != len(columns):
             raise ColumnNotFoundError(f"columns={columns} names a column twice")
         file_cols = [c for c in columns if c not in part_schema.names]
     else:
         file_cols = None
-    schema = unify(schemas, file_cols)
-    for field in part_schema:
-        if schema.get_field_index(field.name) >= 0:
+    for field in part_schema:  # every file's columns, not only the projected ones
+        clash = next((path for path, s in schemas if s.get_field_index(field.name) >= 0), None)
+        if clash is not None:
             raise SchemaMismatchError(
                 f"column {field.name!r} is both a hive partition folder and a column in "
-                f"{entries[0].path}; rename one of them"
+                f"{clash}; rename one of them"
             )
+    schema = unify(schemas, file_cols)
     wanted = columns if columns is not None else [*schema.names, *part_schema.names]
     full = pa.schema([*schema, *part_schema])
     schema = pa.schema([full.field(n) for n in wanted])

@@ -20,12 +20,15 @@ import pyarrow.parquet as pq
 
 from ._cache import Buffer, CorruptCacheEntry, cached_ranges
 from ._discover import Discovery, FileEntry
-from ._errors import CorruptFileError, PQLoaderError
+from ._errors import CorruptFileError, PQLoaderError, SchemaMismatchError
 from ._footers import remote_footer
 from ._fs import ObjectInfo
 from ._ranges import Range, coalesce
 
 _MAX_PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
+_CHANGED = ("the file changed since the dataset was opened, or since the manifest that "
+            "opened it was written (it matches files by name and size only): open the "
+            "dataset again, and delete a stale _pqloader_manifest.json")
 _NO_SPLIT = 1 << 62  # coalesce's part size when ranges are merged only, never cut
 
 
@@ -102,11 +105,19 @@ class FragmentReader:
                                               use_threads=True)
         except PQLoaderError:
             raise
+        except (KeyError, IndexError) as exc:  # a column or row group the index promised
+            raise SchemaMismatchError(
+                f"{entry.path}: row group {row_group}: {exc}; {_CHANGED}") from exc
         except (pa.ArrowException, OSError) as exc:
             raise CorruptFileError(
                 f"{entry.path}: row group {row_group} does not decode ({exc}); the file is "
                 "corrupt or truncated: rewrite it or remove it from the dataset"
             ) from exc
+        expected = int(d.num_rows[fragment])
+        if table.num_rows != expected:  # else rows would be lost or repeated, unseen
+            raise SchemaMismatchError(
+                f"{entry.path}: row group {row_group} holds {table.num_rows} rows, the "
+                f"dataset's index {expected}; {_CHANGED}")
         if d.partition_schema.names:
             n = table.num_rows
             values = dict(entry.partition)
@@ -115,10 +126,15 @@ class FragmentReader:
                     raw = values[field.name]
                     value = int(raw) if raw is not None and pa.types.is_integer(field.type) else raw
                     table = table.append_column(field, pa.repeat(pa.scalar(value, field.type), n))
-        if table.schema.names != d.schema.names:
-            table = table.select(d.schema.names)
-        if not table.schema.equals(d.schema):
-            table = table.cast(d.schema)
+        try:
+            if table.schema.names != d.schema.names:
+                table = table.select(d.schema.names)
+            if not table.schema.equals(d.schema):
+                table = table.cast(d.schema)
+        except (pa.ArrowException, KeyError, ValueError) as exc:
+            raise SchemaMismatchError(
+                f"{entry.path}: row group {row_group} does not fit the dataset's schema "
+                f"({exc}); {_CHANGED}") from exc
         return table
 
     # -- remote ------------------------------------------------------------------------------

@@ -75,6 +75,7 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | Non
                 f"column {name!r} is not in {first}; its columns are {base.names}"
             )
     fields = [base.field(n) for n in names]
+    nullable: dict[str, bool] = {}
     for path, schema in schemas[1:]:
         if columns is None:
             extra = sorted(set(schema.names) - set(names))
@@ -96,4 +97,8 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | Non
                     f"column {field.name!r} is {field.type} in {first} but {other} in "
                     f"{path}; cast it when writing, or leave it out with columns=[...]"
                 )
-    return pa.schema(fields)
+            if schema.field(i).nullable and not field.nullable:
+                nullable[field.name] = True
+    # a column "not null" in the first file but nullable in another is nullable: the other's
+    # nulls must not fail the cast to the dataset's schema
+    return pa.schema([f.with_nullable(True) if f.name in nullable else f for f in fields])

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import sys
 import uuid
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,108 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from ._errors import DataError, InvalidArgumentError, check_positive
+from ._errors import InvalidArgumentError, check_positive
+from ._inputs import as_batches, conform
 from ._manifest import write_manifest
 
 FILE_PATTERN = "part-{:05d}.parquet"
-
-
-def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    schema = pa.Schema.from_pandas(df, preserve_index=False)
-
-    def gen() -> Iterator[pa.RecordBatch]:
-        for start in range(0, len(df), chunk_rows):
-            chunk = df.iloc[start:start + chunk_rows]
-            yield from pa.Table.from_pandas(chunk, schema=schema,
-                                            preserve_index=False).to_batches()
-
-    return schema, gen()
-
-
-def _check_keys(chunk: list[Any], names: frozenset[str], first_row: int) -> None:
-    # pyarrow takes the columns from the first row's keys and drops other keys silently.
-    for k, row in enumerate(chunk):
-        if not isinstance(row, dict):
-            raise DataError(f"row {first_row + k} is a {type(row).__name__}, the first rows "
-                            "are dicts; give an iterable of dicts only")
-        if not row.keys() <= names:
-            extra = sorted(map(str, row.keys() - names))
-            raise DataError(
-                f"row {first_row + k} has keys {extra} that the first row lacks (it has "
-                f"{sorted(names)}); give every row the same keys, or write a pyarrow Table "
-                "with an explicit schema"
-            )
-
-
-def _dict_batches(first: dict[str, Any], rest: Iterator[Any],
-                  chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    rows = itertools.chain([first], rest)
-    head = list(itertools.islice(rows, chunk_rows))
-    names = frozenset(first)  # as pyarrow: the columns are the first row's keys
-    _check_keys(head, names, 0)
-    try:
-        first_table = pa.Table.from_pylist(head)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise DataError(
-            f"the first {len(head)} rows do not make one table: {exc}; make every row's "
-            "values of a key the same type"
-        ) from exc
-    schema = first_table.schema
-
-    def gen() -> Iterator[pa.RecordBatch]:
-        yield from first_table.to_batches()
-        done = len(head)
-        while chunk := list(itertools.islice(rows, chunk_rows)):
-            _check_keys(chunk, names, done)
-            try:
-                table = pa.Table.from_pylist(chunk, schema=schema)
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-                raise DataError(
-                    f"rows {done}..{done + len(chunk) - 1} do not fit the schema taken from "
-                    f"the first rows ({schema}): {exc}; make every row's values the same type"
-                ) from exc
-            done += len(chunk)
-            yield from table.to_batches()
-
-    return schema, gen()
-
-
-def as_batches(
-    data: Any, chunk_rows: int
-) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
-    """Normalise any supported input to (schema, stream of record batches, rows if known)."""
-    if isinstance(data, pa.Table):
-        return data.schema, iter(data.to_batches(max_chunksize=chunk_rows)), data.num_rows
-    if isinstance(data, pa.RecordBatch):
-        return data.schema, iter([data]), data.num_rows
-    if isinstance(data, pa.RecordBatchReader):
-        return data.schema, iter(data), None
-    module = type(data).__module__.split(".")[0]
-    if module == "pandas":
-        schema, batches = _pandas_batches(data, chunk_rows)
-        return schema, batches, len(data)
-    if module == "polars" and hasattr(data, "to_arrow"):
-        return as_batches(data.to_arrow(), chunk_rows)
-    if hasattr(data, "__arrow_c_stream__"):
-        return as_batches(pa.RecordBatchReader.from_stream(data), chunk_rows)
-    if isinstance(data, Iterable) and not isinstance(data, (str, bytes, dict)):
-        it = iter(data)
-        first = next(it, None)
-        if first is None:
-            raise InvalidArgumentError("data is empty: nothing to write")
-        if isinstance(first, pa.RecordBatch):
-            return first.schema, itertools.chain([first], it), None
-        if isinstance(first, dict):
-            schema, batches = _dict_batches(first, it, chunk_rows)
-            return schema, batches, None
-        raise InvalidArgumentError(
-            f"an iterable of {type(first).__name__} cannot be written; give dicts or "
-            "pyarrow.RecordBatch items"
-        )
-    raise InvalidArgumentError(
-        f"cannot write a {type(data).__name__}; give a pyarrow Table, RecordBatchReader, a "
-        "pandas or polars DataFrame, or an iterable of dicts or RecordBatches"
-    )
 
 
 class _ShardWriter:
@@ -197,6 +98,7 @@ def write_dataset(
     root = Path(path)
     if root.exists() and not root.is_dir():
         raise InvalidArgumentError(f"{root}: exists and is not a directory")
+    created = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
     root.mkdir(parents=True, exist_ok=True)
     existing = sorted(p for p in root.iterdir() if not p.name.startswith(("_", ".")))
     if existing and not overwrite:
@@ -223,6 +125,13 @@ def write_dataset(
                 p.unlink()
             paths = [str(Path(p).replace(root / Path(p).name)) for p in paths]
         write_manifest(root, paths)  # opening the dataset then reads no footer
+    except BaseException:
+        for folder in created:  # a failure leaves no empty folder this call made
+            try:
+                folder.rmdir()  # refuses a folder that is not empty: finished files stay
+            except OSError:
+                break
+        raise
     finally:
         if staging != root:
             shutil.rmtree(staging, ignore_errors=True)
@@ -254,15 +163,9 @@ def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
                 writer.finish_file()
 
     try:
-        for batch in batches:
+        for number, batch in enumerate(batches):
             if not batch.schema.equals(schema):
-                try:
-                    batch = batch.cast(schema)
-                except (pa.ArrowInvalid, pa.ArrowTypeError, NotImplementedError) as exc:
-                    raise DataError(
-                        f"a record batch has schema {batch.schema}, the first had {schema}: "
-                        f"{exc}"
-                    ) from exc
+                batch = conform(batch, schema, number)
             buffered.append(batch)
             buffered_rows += batch.num_rows
             flush(final=False)

@@ -243,14 +243,30 @@ def test_write_bad_csv_row_fails_naming_the_file(tmp_path, capsys) -> None:
     assert err.startswith(f"pqloader: {src}: ") and "'oops'" in err
 
 
-def test_write_failure_says_which_files_it_left(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("flags", [[], ["--overwrite"]])
+def test_write_failure_says_which_files_it_left(tmp_path, capsys, flags) -> None:
     src, dst = write_csv(tmp_path / "in.csv", 100_000), tmp_path / "out"
     with src.open("a") as f:
         f.write("oops,1,x\n")
-    code, _, err = run(capsys, "write", src, dst, "--no-progress", "--rows-per-file", 10_000)
+    code, _, err = run(capsys, "write", src, dst, "--no-progress", "--rows-per-file", 10_000,
+                       *flags)  # --overwrite into an empty DST: nothing old to keep
     assert code == 1
     left = len(list(dst.glob("part-*.parquet")))
     assert left > 0 and f"{dst} keeps {left} files written before the error" in err
+
+
+def test_write_overwrite_failure_says_the_old_dataset_is_unchanged(tmp_path, capsys) -> None:
+    dst = tmp_path / "out"
+    assert run(capsys, "write", write_csv(tmp_path / "ok.csv", 5), dst, "--no-progress")[0] == 0
+    src = write_csv(tmp_path / "in.csv", 100_000)
+    with src.open("a") as f:
+        f.write("oops,1,x\n")
+    code, _, err = run(capsys, "write", src, dst, "--no-progress", "--rows-per-file", 10_000,
+                       "--overwrite")
+    assert code == 1
+    assert f"{dst} was left unchanged: it still holds the previous dataset (1 file)" in err
+    assert "written before the error" not in err and "delete" not in err
+    assert all_rows(dst) == expected_rows(5)
 
 
 def test_write_reads_compressed_csv(tmp_path, capsys) -> None:

@@ -79,12 +79,44 @@ def test_iterator_of_record_batches(tmp_path: Path) -> None:
     _assert_round_trip(tmp_path / "out", table)
 
 
+
+def test_record_batches_with_columns_in_another_order(tmp_path: Path) -> None:
+    batches = [pa.record_batch({"a": [1], "b": ["x"]}), pa.record_batch({"b": ["y"], "a": [2]})]
+    pqloader.write_dataset(iter(batches), tmp_path / "out")
+    assert pq.read_table(tmp_path / "out").to_pylist() == [{"a": 1, "b": "x"},
+                                                          {"a": 2, "b": "y"}]
+
+
+@pytest.mark.parametrize(
+    ("second", "match"),
+    [
+        pytest.param({"a": [2], "b": ["y"], "c": [0]}, r"\(extra \['c'\]\)", id="extra"),
+        pytest.param({"a": [2]}, r"\(missing \['b'\]\)", id="missing"),
+        pytest.param({"a": [2], "c": ["y"]}, r"\(extra \['c'\], missing \['b'\]\)",
+                     id="renamed"),
+        pytest.param({"a": [2.5], "b": ["y"]},
+                     r": column 'a' is double, the first had int64: .*truncated",
+                     id="float-into-int"),
+        pytest.param(pa.RecordBatch.from_arrays([pa.array([2]), pa.array(["y"]), pa.array([3])],
+                                                names=["b", "a", "a"]),
+                     r"\(a name twice\)", id="duplicate"),
+    ],
+)
+def test_record_batches_that_do_not_match_the_first(tmp_path: Path, second: Any,
+                                                    match: str) -> None:
+    later = second if isinstance(second, pa.RecordBatch) else pa.record_batch(second)
+    batches = [pa.record_batch({"a": [1], "b": ["x"]}), later]
+    root = tmp_path / "out"
+    with pytest.raises(pqloader.DataError, match=rf"record batch 1 \(from 0\).*{match}"):
+        pqloader.write_dataset(iter(batches), root)
+    assert not root.exists()
+
 def test_pandas_dataframe(tmp_path: Path) -> None:
     df = pd.DataFrame({
         "id": np.arange(250, dtype=np.int64),
         "x": np.linspace(0, 1, 250, dtype=np.float32),
         "text": [f"row {i}" for i in range(250)],
-    }, index=np.arange(1000, 1250))  # a non-default index is not written
+    }, index=np.arange(1000, 1250))  # unnamed: a position, not data (see the next tests)
     paths = pqloader.write_dataset(df, tmp_path / "out", row_group_size=100)
     assert _layout(paths) == [[100, 100, 50]]
     back = pq.read_table(tmp_path / "out").to_pandas()
@@ -97,6 +129,47 @@ def test_pandas_dataframe(tmp_path: Path) -> None:
     batch = next(iter(pqloader.DataLoader(ds, batch_size=250, num_workers=0)))
     assert batch["text"] == df["text"].tolist()
 
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        pytest.param(pd.Index([101, 202, 303, 404, 505], name="user_id"), id="named"),
+        pytest.param(pd.MultiIndex.from_arrays([[1, 1, 2, 2, 3], list("abcde")],
+                                               names=["k", "l"]), id="multi"),
+    ],
+)
+def test_pandas_index_is_kept_as_columns(tmp_path: Path, index: pd.Index) -> None:
+    df = pd.DataFrame({"clicks": [5, 7, 9, 11, 13]}, index=index)
+    pqloader.write_dataset(df, tmp_path / "out", rows_per_file=2, row_group_size=2)
+    ds = pqloader.ParquetDataset(tmp_path / "out")
+    assert list(ds.columns) == ["clicks", *index.names]
+    back = df.reset_index()[["clicks", *index.names]]
+    assert ds.__getitems__(range(5)) == back.to_dict("records")
+    pd.testing.assert_frame_equal(pq.read_table(tmp_path / "out").to_pandas(), back)
+
+
+def test_pandas_range_index_writes_no_column(tmp_path: Path) -> None:
+    df = pd.DataFrame({"clicks": range(5)})
+    pqloader.write_dataset(df, tmp_path / "out", rows_per_file=2, row_group_size=2)
+    assert list(pqloader.ParquetDataset(tmp_path / "out").columns) == ["clicks"]
+    pd.testing.assert_frame_equal(pq.read_table(tmp_path / "out").to_pandas(), df)
+
+
+@pytest.mark.parametrize(
+    ("df", "match"),
+    [
+        pytest.param(pd.DataFrame({"ok": [1, 2, 3], "a": [1, "x", 2.5]}),
+                     r"column 'a': Could not convert 'x'", id="mixed-object-column"),
+        pytest.param(pd.DataFrame([[1, 2]], columns=["a", "a"]),
+                     r"Duplicate column names found: \['a', 'a'\]", id="duplicate-names"),
+    ],
+)
+def test_pandas_that_does_not_convert(tmp_path: Path, df: pd.DataFrame, match: str) -> None:
+    root = tmp_path / "out"
+    with pytest.raises(pqloader.DataError, match=match):
+        pqloader.write_dataset(df, root)
+    assert not root.exists()  # no empty folder left behind
 
 def test_list_of_dicts(tmp_path: Path) -> None:
     rows = [{"id": i, "text": f"row {i}", "tokens": list(range(i % 3))} for i in range(30)]
@@ -137,7 +210,7 @@ def test_dicts_with_inconsistent_types(tmp_path: Path) -> None:
     root = tmp_path / "out"
     with pytest.raises(pqloader.DataError, match=r"rows 10\.\.19"):
         pqloader.write_dataset(rows(), root, row_group_size=10)
-    assert [p.name for p in root.iterdir()] == []  # nothing half-written stays
+    assert not root.exists()  # nothing half-written stays, nor the folder it made
 
 
 @pytest.mark.parametrize(
@@ -156,7 +229,7 @@ def test_dict_rows_that_do_not_agree(tmp_path: Path, rows: list[Any], match: str
     root = tmp_path / "out"
     with pytest.raises(pqloader.DataError, match=match):
         pqloader.write_dataset(rows, root, row_group_size=10)
-    assert _data_files(root) == []
+    assert not root.exists()
 
 
 def test_dict_rows_missing_a_key_get_null(tmp_path: Path) -> None:
@@ -165,6 +238,44 @@ def test_dict_rows_missing_a_key_get_null(tmp_path: Path) -> None:
     assert pq.read_table(tmp_path / "out").to_pylist() == [{"id": 1, "label": "a"},
                                                           {"id": 2, "label": None}]
 
+
+
+@pytest.mark.parametrize(
+    ("later", "column"),
+    [
+        pytest.param({"price": 2.5, "tags": [1]}, "price", id="float-into-int"),
+        pytest.param({"price": 2, "tags": [1, 2.5]}, "tags", id="float-into-list-of-int"),
+        pytest.param({"price": True, "tags": [1]}, "price", id="bool-into-int"),
+        pytest.param({"price": "3", "tags": [1]}, "price", id="str-into-int"),
+        pytest.param({"price": 2**63, "tags": [1]}, "price", id="past-int64"),
+    ],
+)
+def test_dict_rows_refuse_a_later_value_the_first_rows_type_cannot_hold(
+        tmp_path: Path, later: dict[str, Any], column: str) -> None:
+    rows = [{"price": 1, "tags": [1]}, {"price": 2, "tags": []}, later]
+    root = tmp_path / "out"
+    with pytest.raises(pqloader.DataError, match=rf"rows 2\.\.2, column '{column}'.*1\.0, not 1"):
+        pqloader.write_dataset(rows, root, row_group_size=2)
+    assert not root.exists()  # not written truncated (2.5 as 2), nor half-written
+
+
+def test_dict_rows_later_values_that_fit_are_kept_exactly(tmp_path: Path) -> None:
+    rows: list[dict[str, Any]] = [
+        {"x": 0.5, "n": 1, "tags": [1], "meta": {"a": 1, "b": "p"}},
+        {"x": 1.5, "n": 2, "tags": [2], "meta": {"a": 2, "b": "q"}},
+        {"meta": {"b": "r", "a": 3}, "tags": [], "n": 3.0, "x": 2},  # keys in another order
+        {"x": None, "n": None, "tags": None, "meta": {"a": 4}},  # all null; a field missing
+        {"x": 3, "n": 4, "tags": [3.0], "meta": None},
+    ]
+    pqloader.write_dataset(rows, tmp_path / "out", row_group_size=2)
+    back = pq.read_table(tmp_path / "out")
+    assert back.schema.field("x").type == pa.float64()
+    assert back.schema.field("n").type == pa.int64()
+    assert back.column("x").to_pylist() == [0.5, 1.5, 2.0, None, 3.0]
+    assert back.column("n").to_pylist() == [1, 2, 3, None, 4]
+    assert back.column("tags").to_pylist() == [[1], [2], [], None, [3]]
+    assert back.column("meta").to_pylist() == [
+        {"a": 1, "b": "p"}, {"a": 2, "b": "q"}, {"a": 3, "b": "r"}, {"a": 4, "b": None}, None]
 
 @pytest.mark.parametrize("data", [[], iter([]), 42, "text", {"id": [1]}])
 def test_refuses_what_it_cannot_write(tmp_path: Path, data: Any) -> None:
@@ -207,7 +318,7 @@ def test_unknown_compression(tmp_path: Path) -> None:
     root = tmp_path / "out"
     with pytest.raises(pqloader.InvalidArgumentError, match="compression"):
         pqloader.write_dataset(_table(10), root, compression="no-such-codec")
-    assert list(root.iterdir()) == []
+    assert not root.exists()
 
 
 @pytest.mark.parametrize(("name", "value"), [("rows_per_file", 0), ("row_group_size", -1)])
@@ -247,6 +358,18 @@ def test_hidden_files_do_not_count_as_data(tmp_path: Path) -> None:
     pqloader.write_dataset(_table(10), root)  # no overwrite needed
     assert len(pqloader.ParquetDataset(root)) == 10
 
+
+
+def test_failure_removes_only_the_empty_folders_it_made(tmp_path: Path) -> None:
+    made = tmp_path / "a" / "b" / "out"
+    with pytest.raises(pqloader.InvalidArgumentError, match="compression"):
+        pqloader.write_dataset(_table(10), made, compression="no-such-codec")
+    assert list(tmp_path.iterdir()) == []  # out, b and a were made by the call: all gone
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(pqloader.InvalidArgumentError, match="compression"):
+        pqloader.write_dataset(_table(10), kept, compression="no-such-codec")
+    assert kept.is_dir()  # there before the call: stays
 
 def test_path_is_a_file(tmp_path: Path) -> None:
     path = tmp_path / "file"
@@ -292,7 +415,7 @@ def test_error_in_first_file_leaves_nothing(tmp_path: Path) -> None:
 
     with pytest.raises(KeyError, match="bad row"):
         pqloader.write_dataset(rows(), root, rows_per_file=5000, row_group_size=1000)
-    assert _data_files(root) == []
+    assert not root.exists()
 
 
 def test_interrupted_by_keyboard_interrupt(tmp_path: Path) -> None:
@@ -304,7 +427,7 @@ def test_interrupted_by_keyboard_interrupt(tmp_path: Path) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         pqloader.write_dataset(batches(), root, row_group_size=50)
-    assert _data_files(root) == []
+    assert not root.exists()
 
 
 def test_overwrite_failing_midway_keeps_the_old_dataset(tmp_path: Path) -> None:

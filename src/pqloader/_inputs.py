@@ -1,0 +1,197 @@
+"""write_dataset's inputs as one schema and a stream of record batches: pyarrow tables and
+readers, pandas and polars DataFrames, iterables of dicts or record batches. Values are never
+changed on the way: a later chunk that the first one's types cannot hold is a DataError naming
+the rows and the column."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from ._errors import DataError, InvalidArgumentError
+
+_UNNAMED_INDEX = re.compile(r"__index_level_\d+__")
+
+
+def _pandas_error(df: Any, exc: Exception, where: str) -> DataError:
+    """``exc`` from pyarrow's pandas conversion as a DataError naming the column at fault."""
+    said = [m for a in exc.args[1:] if isinstance(a, str)
+            and (m := re.fullmatch(r"Conversion failed for column (.*) with type (\S+)", a))]
+    if said:
+        column = f", column {said[0][1]!r} ({said[0][2]})"
+    else:  # Schema.from_pandas does not say which column: find it, on this error path only
+        def fails(name: Any) -> bool:
+            try:
+                pa.Schema.from_pandas(df[[name]], preserve_index=False)
+            except (ValueError, TypeError, pa.ArrowNotImplementedError):
+                return True
+            return False
+
+        bad = next((n for n in df.columns if fails(n)), None) if df.columns.is_unique else None
+        column = "" if bad is None else f", column {bad!r}"
+    return DataError(f"{where}{column}: {exc.args[0] if exc.args else exc}; give each column "
+                     "one type and a unique name (e.g. df[col].astype(str)), or write a "
+                     "pyarrow Table with an explicit schema")
+
+
+def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    # A named index level (df.set_index("user_id"), a MultiIndex's named levels) is data:
+    # it becomes a column. An unnamed one (what df[df.x > 0] leaves) is a position, not
+    # data: pandas' to_parquet would write it as "__index_level_0__", a column in every
+    # batch that nobody asked for; it is left out.
+    try:
+        schema = pa.Schema.from_pandas(df, preserve_index=True)
+    except (ValueError, TypeError, pa.ArrowNotImplementedError) as exc:
+        raise _pandas_error(df, exc, "the DataFrame") from exc
+    schema = pa.schema([f for f in schema if not _UNNAMED_INDEX.fullmatch(f.name)])
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        for start in range(0, len(df), chunk_rows):
+            chunk = df.iloc[start:start + chunk_rows]
+            try:
+                table = pa.Table.from_pandas(chunk, schema=schema, preserve_index=True)
+            except (ValueError, TypeError, pa.ArrowNotImplementedError) as exc:
+                where = f"DataFrame rows {start}..{start + len(chunk) - 1}"
+                raise _pandas_error(chunk, exc, where) from exc
+            yield from table.to_batches()
+
+    return schema, gen()
+
+
+def _check_keys(chunk: list[Any], names: frozenset[str], first_row: int) -> None:
+    # pyarrow takes the columns from the first row's keys and drops other keys silently.
+    for k, row in enumerate(chunk):
+        if not isinstance(row, dict):
+            raise DataError(f"row {first_row + k} is a {type(row).__name__}, the first rows "
+                            "are dicts; give an iterable of dicts only")
+        if not row.keys() <= names:
+            extra = sorted(map(str, row.keys() - names))
+            raise DataError(
+                f"row {first_row + k} has keys {extra} that the first row lacks (it has "
+                f"{sorted(names)}); give every row the same keys, or write a pyarrow Table "
+                "with an explicit schema"
+            )
+
+
+def _dict_batches(first: dict[str, Any], rest: Iterator[Any],
+                  chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    rows = itertools.chain([first], rest)
+    head = list(itertools.islice(rows, chunk_rows))
+    names = frozenset(first)  # as pyarrow: the columns are the first row's keys
+    _check_keys(head, names, 0)
+    try:
+        first_table = pa.Table.from_pylist(head)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise DataError(
+            f"the first {len(head)} rows do not make one table: {exc}; make every row's "
+            "values of a key the same type"
+        ) from exc
+    schema = first_table.schema
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        yield from first_table.to_batches()
+        done = len(head)
+        while chunk := list(itertools.islice(rows, chunk_rows)):
+            _check_keys(chunk, names, done)
+            try:  # every column inferred at once; one that fails is found and named below
+                inferred = pa.Table.from_struct_array(pa.array(chunk))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                inferred = None
+            columns = []
+            for field in schema:
+                try:
+                    columns.append(_column(chunk, field, inferred))
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
+                        OverflowError) as exc:
+                    raise DataError(
+                        f"rows {done}..{done + len(chunk) - 1}, column {field.name!r}: {exc}; "
+                        f"its type, {field.type}, was taken from the first {len(head)} rows: "
+                        "make those carry the wider type (e.g. 1.0, not 1), or write a "
+                        "pyarrow Table with an explicit schema"
+                    ) from exc
+            done += len(chunk)
+            yield from pa.Table.from_arrays(columns, schema=schema).to_batches()
+
+    return schema, gen()
+
+
+def _column(chunk: list[dict[str, Any]], field: pa.Field,
+            inferred: pa.Table | None) -> pa.ChunkedArray | pa.Array:
+    """The chunk's values of ``field`` as its type, refused (raised) where one would change."""
+    # Given the type, pyarrow converts 2.5 into an int64 column as 2, silently; inferred and
+    # then cast safely, it refuses. The typed conversion still runs, where the types differ,
+    # because it refuses what a cast would coerce: "1" or True into an int64 column.
+    def values() -> list[Any]:
+        return [row.get(field.name) for row in chunk]
+
+    column = inferred.column(field.name) if inferred is not None \
+        and field.name in inferred.column_names else pa.array(values())
+    if column.type == field.type:
+        return column
+    if not pa.types.is_null(column.type):  # only None: any type holds it
+        pa.array(values(), type=field.type)
+    return column.cast(field.type, safe=True)
+
+
+def as_batches(
+    data: Any, chunk_rows: int
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
+    """Normalise any supported input to (schema, stream of record batches, rows if known)."""
+    if isinstance(data, pa.Table):
+        return data.schema, iter(data.to_batches(max_chunksize=chunk_rows)), data.num_rows
+    if isinstance(data, pa.RecordBatch):
+        return data.schema, iter([data]), data.num_rows
+    if isinstance(data, pa.RecordBatchReader):
+        return data.schema, iter(data), None
+    module = type(data).__module__.split(".")[0]
+    if module == "pandas":
+        schema, batches = _pandas_batches(data, chunk_rows)
+        return schema, batches, len(data)
+    if module == "polars" and hasattr(data, "to_arrow"):
+        return as_batches(data.to_arrow(), chunk_rows)
+    if hasattr(data, "__arrow_c_stream__"):
+        return as_batches(pa.RecordBatchReader.from_stream(data), chunk_rows)
+    if isinstance(data, Iterable) and not isinstance(data, (str, bytes, dict)):
+        it = iter(data)
+        first = next(it, None)
+        if first is None:
+            raise InvalidArgumentError("data is empty: nothing to write")
+        if isinstance(first, pa.RecordBatch):
+            return first.schema, itertools.chain([first], it), None
+        if isinstance(first, dict):
+            schema, batches = _dict_batches(first, it, chunk_rows)
+            return schema, batches, None
+        raise InvalidArgumentError(
+            f"an iterable of {type(first).__name__} cannot be written; give dicts or "
+            "pyarrow.RecordBatch items"
+        )
+    raise InvalidArgumentError(
+        f"cannot write a {type(data).__name__}; give a pyarrow Table, RecordBatchReader, a "
+        "pandas or polars DataFrame, or an iterable of dicts or RecordBatches"
+    )
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.RecordBatch:
+    """A later record batch as the first one's schema: columns by name, types cast safely."""
+    names, first = batch.schema.names, schema.names
+    if names != first:
+        if sorted(names) != sorted(first) or len(set(names)) != len(names):
+            extra, missing = sorted(set(names) - set(first)), sorted(set(first) - set(names))
+            why = [f"extra {extra}"] * bool(extra) + [f"missing {missing}"] * bool(missing)
+            raise DataError(f"record batch {number} (from 0) has columns {names}, the first had "
+                            f"{first} ({', '.join(why) or 'a name twice'}); give every batch "
+                            "the same columns")
+        batch = batch.select(first)  # the same names in another order
+        if batch.schema.equals(schema):
+            return batch
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, NotImplementedError) as exc:
+        odd = "; ".join(f"column {f.name!r} is {f.type}, the first had {g.type}"
+                        for f, g in zip(batch.schema, schema, strict=True) if f.type != g.type)
+        raise DataError(f"record batch {number} (from 0): {odd or 'its schema differs'}: "
+                        f"{exc}; give every batch the first one's types") from exc

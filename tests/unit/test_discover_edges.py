@@ -1,0 +1,104 @@
+"""Opening what people have on disk: folders that are links, names with glob characters,
+Spark's leftovers under a glob, files that change under a manifest, nullability that differs
+between files, hive folders that shadow a column."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import pqloader
+
+
+def _write(path: Path, **columns: list[object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+
+
+def _ids(ds: pqloader.ParquetDataset) -> list[int]:
+    loader = pqloader.DataLoader(ds, batch_size=100, num_workers=0)
+    return sorted(int(i) for b in loader for i in b["id"])
+
+
+def test_folders_that_are_links_are_read_once(tmp_path: Path) -> None:
+    _write(tmp_path / "runs" / "a" / "part-0.parquet", id=[1, 2])
+    _write(tmp_path / "runs" / "b" / "part-0.parquet", id=[3, 4])
+    root = tmp_path / "ds"
+    _write(root / "local.parquet", id=[0])
+    os.symlink(tmp_path / "runs" / "a", root / "run1")
+    os.symlink(tmp_path / "runs" / "b", root / "run2")
+    os.symlink(root, root / "run2-again")  # a loop back up: followed once
+    assert _ids(pqloader.ParquetDataset(root)) == [0, 1, 2, 3, 4]
+
+
+def test_a_folder_named_with_brackets_is_a_folder_not_a_glob(tmp_path: Path) -> None:
+    _write(tmp_path / "exp[1]" / "a.parquet", id=[7, 8])
+    assert len(pqloader.ParquetDataset(tmp_path / "exp[1]")) == 2
+    assert len(pqloader.ParquetDataset(tmp_path / "exp[1]" / "a.parquet")) == 2
+
+
+def test_a_recursive_glob_skips_what_opening_the_folder_skips(tmp_path: Path) -> None:
+    _write(tmp_path / "part-0.parquet", id=[1, 2])
+    _write(tmp_path / "_temporary" / "0" / "part-0.parquet", id=[1, 2])  # Spark's leftovers
+    _write(tmp_path / ".hidden" / "part-0.parquet", id=[1, 2])
+    assert len(pqloader.ParquetDataset(tmp_path)) == 2
+    assert len(pqloader.ParquetDataset(f"{tmp_path}/**/*.parquet")) == 2
+    # named outright, a hidden folder is read: the user asked for it
+    assert len(pqloader.ParquetDataset(f"{tmp_path}/_temporary/*/*.parquet")) == 2
+
+
+@pytest.mark.parametrize("columns", [[], [1], "id"])
+def test_columns_must_name_columns(tmp_path: Path, columns: object) -> None:
+    _write(tmp_path / "a.parquet", id=[1])
+    with pytest.raises(pqloader.InvalidArgumentError, match="columns"):
+        pqloader.ParquetDataset(tmp_path, columns=columns)  # type: ignore[arg-type]
+
+
+def test_a_hive_folder_shadowing_a_file_column_is_an_error_even_when_projected(
+        tmp_path: Path) -> None:
+    _write(tmp_path / "year=2020" / "a.parquet", year=[1999], x=[1])
+    for columns in (None, ["year", "x"], ["x"]):
+        with pytest.raises(pqloader.SchemaMismatchError, match="'year' is both"):
+            pqloader.ParquetDataset(tmp_path, columns=columns)
+
+
+def test_a_column_not_null_in_one_file_and_nullable_in_another(tmp_path: Path) -> None:
+    strict = pa.schema([pa.field("x", pa.float64(), nullable=False)])
+    pq.write_table(pa.table({"x": [1.0, 2.0]}, schema=strict), tmp_path / "a.parquet")
+    _write(tmp_path / "b.parquet", x=[None, 3.0])
+    ds = pqloader.ParquetDataset(tmp_path)
+    assert ds.schema.field("x").nullable
+    assert ds[2] == {"x": None}
+    batch = next(iter(pqloader.DataLoader(ds, batch_size=4, num_workers=0)))
+    assert batch["x"].isnan().tolist() == [False, False, True, False]
+
+
+def test_a_file_rewritten_under_its_manifest_is_an_error_not_wrong_rows(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    pqloader.write_dataset(pa.table({"a": list(range(100))}), root, rows_per_file=50,
+                           row_group_size=50)
+    shard = sorted(root.glob("part-*.parquet"))[1]
+    size = shard.stat().st_size
+    # write_dataset's settings (checksums): the same values under another name, the same size
+    pq.write_table(pa.table({"b": list(range(50, 100))}), shard, write_page_checksum=True)
+    assert shard.stat().st_size == size
+    ds = pqloader.ParquetDataset(root)  # the manifest still matches by name and size
+    with pytest.raises(pqloader.SchemaMismatchError, match=rf"{shard.name}.*row group 0"):
+        ds[60]
+    with pytest.raises(pqloader.SchemaMismatchError, match="manifest"):
+        list(pqloader.DataLoader(ds, batch_size=10, num_workers=0))
+
+
+def test_a_row_group_with_other_rows_than_indexed_is_an_error(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    pqloader.write_dataset(pa.table({"a": list(range(100))}), root, rows_per_file=50,
+                           row_group_size=50)
+    ds = pqloader.ParquetDataset(root)
+    shard = sorted(root.glob("part-*.parquet"))[0]
+    pq.write_table(pa.table({"a": list(range(49))}), shard)  # changed after opening
+    with pytest.raises(pqloader.SchemaMismatchError, match=r"holds 49 rows.*index 50"):
+        list(pqloader.DataLoader(ds, batch_size=10, num_workers=0))
