@@ -178,11 +178,13 @@ class Store:
 
     def find(self, path: str) -> list[ObjectInfo]:
         """Every object below ``path`` (recursively), or ``path`` itself if it is an object."""
-        found = self._call(lambda: self.fs.find(path, detail=True, withdirs=False), path)
+        found = self._call(lambda: self.fs.find(path, detail=True, withdirs=False), path,
+                           timeout_s=self.retry.list_timeout_s)
         return sorted((_object_info(i) for i in found.values()), key=lambda o: o.path)
 
     def glob(self, pattern: str) -> list[ObjectInfo]:
-        found = self._call(lambda: self.fs.glob(pattern, detail=True), pattern)
+        found = self._call(lambda: self.fs.glob(pattern, detail=True), pattern,
+                           timeout_s=self.retry.list_timeout_s)
         return sorted((_object_info(i) for i in found.values() if i.get("type") != "directory"),
                       key=lambda o: o.path)
 
@@ -216,13 +218,15 @@ class Store:
         return data
 
     def _call(self, fn: Callable[[], Any], path: str, *, expect: int | None = None,
-              count: bool = False) -> Any:
-        """``fn()`` with retries, backoff, the concurrency limit and a per-request timeout."""
+              count: bool = False, timeout_s: float | None = None) -> Any:
+        """``fn()`` with retries, backoff, the concurrency limit and a per-request timeout
+        (``timeout_s``: the policy's per request, unless given)."""
         policy = self.retry
         for attempt in range(policy.attempts):
             try:
                 with self.limiter:
-                    data = with_timeout(fn, policy.timeout_s)
+                    data = with_timeout(fn, policy.timeout_s if timeout_s is None
+                                        else timeout_s)
                 if expect is not None and len(data) < expect:
                     raise ShortRead(f"short read: {len(data)} of {expect} bytes")
                 if expect is not None and len(data) > expect:

@@ -52,6 +52,7 @@ class RetryPolicy:
     base_delay_s: float = 0.05  # backoff before retry k: uniform(0, min(max, base * 2**k))
     max_delay_s: float = 5.0
     timeout_s: float = 60.0  # per request; a request slower than this is retried
+    list_timeout_s: float = 600.0  # per listing of a prefix: many pages of 1,000 names each
     max_concurrency: int = 32  # requests in flight per process, at most
     part_bytes: int = 8 << 20  # ranges larger than this are fetched in parallel parts
     hole_bytes: int = 64 << 10  # ranges closer than this are fetched as one

@@ -168,3 +168,16 @@ def test_clear_never_deletes_a_users_folder_that_merely_looks_like_a_layout(
     cache.clear()
     assert (mine / "labels.csv").exists() and (tmp_path / "v3" / "notes.txt").exists()
     assert cache.entries() == []
+
+
+def test_a_listing_may_take_longer_than_one_request(tmp_path: Path) -> None:
+    class SlowList(_Bytes):
+        def find(self, path: str, detail: bool = True, withdirs: bool = False) -> dict:
+            self.calls += 1
+            threading.Event().wait(0.5)  # many pages of a large prefix
+            return {f"{path}/a": {"name": f"{path}/a", "size": 10, "ETag": "1"}}
+
+    fs = SlowList(bytes(10))
+    store = Store("edge", filesystem=fs, retry=RetryPolicy(timeout_s=0.1, list_timeout_s=5))
+    assert [o.path for o in store.find("b")] == ["b/a"]
+    assert fs.calls == 1  # not abandoned after one request's timeout
