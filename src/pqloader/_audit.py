@@ -16,6 +16,7 @@ import base64
 import json
 import os
 import uuid
+import warnings
 import zlib
 from collections import defaultdict
 from collections.abc import Mapping
@@ -96,6 +97,32 @@ class EpochReport:
         return self.duplicates == 0 and self.missing == 0
 
 
+def _read_records(path: Path) -> list[dict[str, Any]] | None:
+    """A record file's lines, parsed (``None``: a file cut short before its header).
+
+    A process killed mid-write, or a full disk, leaves its last line cut short: that batch was
+    never acknowledged as recorded, so the line is skipped with a warning. A bad line anywhere
+    else is damage the log cannot explain, and an error.
+    """
+    with open(path, encoding="utf-8", errors="replace") as f:  # garbage fails as JSON below
+        numbered = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    records: list[dict[str, Any]] = []
+    for n, line in numbered:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if n != numbered[-1][0]:
+                raise InvalidArgumentError(
+                    f"{path}: line {n} is not a JSON record ({exc.msg}); the file is damaged: "
+                    "move it out of the folder to audit the others") from exc
+            held = "the batch it held was never recorded" if records else "the file holds no batch"
+            warnings.warn(f"{path}: line {n} is cut short (a process killed while writing it?); "
+                          f"skipped: {held}", stacklevel=3)
+            if not records:
+                return None
+    return records
+
+
 def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[EpochReport]:
     """Check, per epoch, that the recorded deliveries cover every row exactly once."""
     files = sorted(Path(directory).glob("rank*.jsonl"))
@@ -106,8 +133,9 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
     where: dict[int, list[tuple[str, int, int, np.ndarray]]] = defaultdict(list)
     reports: dict[int, EpochReport] = {}
     for path in files:
-        with open(path, encoding="utf-8") as f:
-            lines = [json.loads(line) for line in f if line.strip()]
+        lines = _read_records(path)
+        if lines is None:
+            continue
         if not lines or lines[0].get("format") != HEADER:
             raise InvalidArgumentError(f"{path}: not a pqloader audit record")
         head = lines[0]

@@ -87,6 +87,37 @@ def _as_numpy(array: pa.Array) -> np.ndarray:
                          offset=array.offset * dtype.itemsize)
 
 
+def _list_values(array: pa.FixedSizeListArray) -> pa.Array:
+    """The values of a ``fixed_size_list`` array's own rows (``.values`` ignores a slice)."""
+    size = array.type.list_size
+    return array.values.slice(array.offset * size, len(array) * size)
+
+
+def _fixed_list(array: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
+    """A ``fixed_size_list<number>`` column without nulls, held to the rules of :func:`_numeric`.
+
+    Float nulls become NaN, a null list a row of NaN; integers and bools with nulls are an
+    error, as in a plain column (converting them to float silently changed the batch's dtype).
+    """
+    t = array.type
+    null_lists = array.null_count
+    null_values = sum(c.flatten().null_count for c in array.chunks)  # inside non-null lists
+    if not null_lists and not null_values:
+        return array
+    if not pa.types.is_floating(t.value_type):
+        raise DataError(
+            f"column {name!r} ({t}) has {null_lists} null lists and {null_values} null values "
+            "inside its lists; fill them when writing, cast the values to float (nulls become "
+            "NaN), or pass collate_fn="
+        )
+    nan = pa.scalar(float("nan"), t.value_type)
+    if null_lists:
+        array = pc.fill_null(array, pa.scalar([float("nan")] * t.list_size, t))
+    return pa.chunked_array(
+        [pa.FixedSizeListArray.from_arrays(pc.fill_null(_list_values(c), nan), t.list_size)
+         for c in array.chunks], t)
+
+
 def window_order(order: np.ndarray) -> pa.Array:
     """A window's emission order as Arrow take indices (once per window, for every column)."""
     small = len(order) < 2**32
@@ -117,6 +148,8 @@ def prepare(
     elif kind is not None and pa.types.is_dictionary(array.type):
         array = pa.chunked_array([c.dictionary_decode() for c in array.chunks],
                                  array.type.value_type)
+    if kind == "fixed_list":
+        array = _fixed_list(array, name)
     if order is not None:
         array = pc.take(array, order, boundscheck=False)
     combined = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
@@ -195,9 +228,10 @@ def to_torch(columns: Mapping[str, Any], kinds: Mapping[str, Kind]) -> dict[str,
             batch[name] = _tensor(values)
         elif kind == "list":
             batch.update(_padded(values, name))
-        elif kind == "fixed_list":
-            flat = values.flatten().to_numpy(zero_copy_only=False)
-            batch[name] = _tensor(flat.reshape(len(values), values.type.list_size))
+        elif kind == "fixed_list":  # no nulls left (prepare); a batch is a slice: mind offset
+            flat = _list_values(values)
+            flat_np = _as_numpy(flat) if len(flat) else np.zeros(0, flat.type.to_pandas_dtype())
+            batch[name] = _tensor(flat_np.reshape(len(values), values.type.list_size))
         else:
             batch[name] = values.to_pylist()
     return batch

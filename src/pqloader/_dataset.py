@@ -26,6 +26,46 @@ if TYPE_CHECKING:
 _ROW_GROUP_CACHE = 4  # decoded row groups kept for map-style access
 
 
+def _row_numbers(indices: Any, num_rows: int) -> np.ndarray:
+    """``indices`` as int64 rows in ``[0, num_rows)``, negative ones counted from the end.
+
+    Integers only (bools and floats are not row numbers: ``[1.9, "3"]`` used to read rows 1
+    and 3), in a flat sequence. Checked in one numpy pass; only input that numpy does not type
+    as integers (an error, or ints of mixed signedness) is looked at one value at a time.
+    """
+    try:
+        idx = np.asarray(indices)
+    except (TypeError, ValueError) as exc:  # ragged nesting
+        raise TypeError(f"indices must be a flat sequence of ints, got {indices!r:.80}") from exc
+    if idx.ndim != 1:
+        got = "a single value (ds[i] reads one row)" if idx.ndim == 0 else f"shape {idx.shape}"
+        raise TypeError(f"indices must be a 1-D sequence of ints, got {got}")
+    if idx.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if idx.dtype.kind not in "iu":  # (a bool in a list of ints passes as 0 or 1, as in numpy)
+        values = list(indices) if isinstance(indices, (list, tuple)) else idx.tolist()
+        idx = _exact_ints(values, num_rows)
+    # compared before the cast to int64, which wrapped a large uint64 to a negative number
+    bad = idx >= num_rows if idx.dtype.kind == "u" else (idx < -num_rows) | (idx >= num_rows)
+    if bad.any():
+        raise IndexError(f"row {int(idx[bad][0])} is out of range for {num_rows} rows")
+    idx = idx.astype(np.int64, copy=False)
+    return np.where(idx < 0, idx + num_rows, idx)
+
+
+def _exact_ints(values: list[Any], num_rows: int) -> np.ndarray:
+    """Values numpy did not type as integers: an int64 array of them, or the error naming one."""
+    for value in values:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"row index {value!r} is a {type(value).__name__}, not an int; "
+                            f"the dataset's {num_rows} rows are numbered from 0 (negative: "
+                            "from the end)")
+    for value in values:  # ints beyond int64 (numpy made them floats or objects), or mixed
+        if not -num_rows <= value < num_rows:
+            raise IndexError(f"row {int(value)} is out of range for {num_rows} rows")
+    return np.array([int(v) for v in values], dtype=np.int64)
+
+
 class ParquetDataset:
     """A directory, glob or list of Parquet files, seen as one table.
 
@@ -140,30 +180,21 @@ class ParquetDataset:
                 self._cache.popitem(last=False)
         return table
 
-    def _wrap(self, indices: np.ndarray) -> np.ndarray:
-        """Indices checked against ``len(self)``, negative ones counted from the end."""
-        n = len(self)
-        bad = (indices < -n) | (indices >= n)
-        if bad.any():
-            raise IndexError(f"row {int(indices[bad][0])} is out of range for {n} rows")
-        return np.where(indices < 0, indices + n, indices)
-
     def _locate(self, indices: np.ndarray) -> np.ndarray:
         """The fragment of each (already wrapped, in-range) row index."""
         return np.searchsorted(self._offsets, indices, side="right") - 1
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if not isinstance(index, (int, np.integer)):
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"index must be an int, got {type(index).__name__}; "
                             "use __getitems__ for a list of rows")
         return self.__getitems__([int(index)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Rows as dicts, in the order asked; each needed row group is read once."""
-        idx = np.asarray(indices, dtype=np.int64)
+        idx = _row_numbers(indices, len(self))
         if idx.size == 0:
             return []
-        idx = self._wrap(idx)  # once: wrapping twice turned -n-1 into a pyarrow error
         frags = self._locate(idx)
         rows: list[dict[str, Any]] = [{}] * len(idx)
         for frag in np.unique(frags):

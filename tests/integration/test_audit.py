@@ -86,3 +86,41 @@ def test_an_unfinished_epoch_has_gaps(make_dataset: Any, tmp_path: Path, capsys:
 def test_no_records_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(pqloader.InvalidArgumentError, match="no audit records"):
         pqloader.audit(tmp_path)
+
+
+def _one_epoch(make_dataset: Any, directory: Path) -> Path:
+    """Records of a complete epoch of 200 rows in 4 batches; the record file's path."""
+    ds = pqloader.ParquetDataset(make_dataset(200), columns=["id"])
+    list(pqloader.DataLoader(ds, batch_size=50, num_workers=0, audit_dir=directory))
+    (record,) = directory.glob("rank*.jsonl")
+    return record
+
+
+def test_a_last_line_cut_short_is_skipped_with_a_warning(make_dataset: Any,
+                                                        tmp_path: Path) -> None:
+    record = _one_epoch(make_dataset, tmp_path)
+    with open(record, "a", encoding="utf-8") as f:
+        f.write('{"epoch":1,"batch":0,"wor')  # the process died here
+    with pytest.warns(UserWarning, match=f"{record.name}: line 6 is cut short"):
+        (report,) = pqloader.audit(tmp_path)
+    assert report.exactly_once and report.delivered == 200
+    with pytest.warns(UserWarning, match="cut short"):
+        assert main(["audit", str(tmp_path)]) == 0
+
+
+def test_a_file_cut_short_in_its_header_is_skipped(make_dataset: Any, tmp_path: Path) -> None:
+    _one_epoch(make_dataset, tmp_path)
+    (tmp_path / "rank00001-1-deadbeef.jsonl").write_text('{"format":"pqloader.au')
+    with pytest.warns(UserWarning, match=r"rank00001-1-deadbeef\.jsonl: line 1.*holds no batch"):
+        (report,) = pqloader.audit(tmp_path)
+    assert report.exactly_once and report.batches_per_rank == {0: 4}
+
+
+def test_a_damaged_line_before_the_last_is_an_error(make_dataset: Any, tmp_path: Path) -> None:
+    record = _one_epoch(make_dataset, tmp_path)
+    lines = record.read_text().splitlines(keepends=True)
+    lines[2] = '{"epoch":0,"bat\n'
+    record.write_text("".join(lines))
+    with pytest.raises(pqloader.InvalidArgumentError, match=f"{record.name}: line 3 is not"):
+        pqloader.audit(tmp_path)
+    assert main(["audit", str(tmp_path)]) == 1

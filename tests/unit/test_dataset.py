@@ -115,6 +115,47 @@ def test_getitem_rejects_non_int(dataset_path: Path) -> None:
         ds["id"]  # type: ignore[index]
 
 
+@pytest.mark.parametrize("indices", [[1.9, "3"], [True, False], np.array([1.0, 2.0]),
+                                     np.array([True]), [1, None], ["3"]])
+def test_getitems_takes_only_ints(dataset_path: Path, indices: Any) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    with pytest.raises(TypeError, match=r"not an int.*1000 rows"):
+        ds.__getitems__(indices)
+
+
+@pytest.mark.parametrize("indices", [np.array([[1, 2], [3, 4]]), [[1], [2, 3]], 5])
+def test_getitems_takes_a_flat_sequence(dataset_path: Path, indices: Any) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    with pytest.raises(TypeError, match="indices must be a"):
+        ds.__getitems__(indices)
+
+
+@pytest.mark.parametrize("index", [2**64 - 1, 2**63, 2**70, -(2**70)])
+def test_huge_indices_are_out_of_range_and_named(dataset_path: Path, index: int) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    message = f"row {index} is out of range for 1000 rows"
+    with pytest.raises(IndexError, match=message):
+        ds.__getitems__([1, index])
+    with pytest.raises(IndexError, match=message):
+        ds[index]
+    if 0 <= index < 2**64:
+        with pytest.raises(IndexError, match=message):  # not wrapped to a negative number
+            ds.__getitems__(np.array([index], dtype=np.uint64))
+
+
+@pytest.mark.parametrize("indices", [np.array([5, 3], np.uint8), np.array([5, -997], np.int16),
+                                     torch.tensor([5, 3]), (np.int32(5), 3),
+                                     [np.int64(5), np.uint64(3)]])
+def test_getitems_takes_any_integer_dtype(dataset_path: Path, indices: Any) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    assert ds.__getitems__(indices) == [{"id": 5}, {"id": 3}]
+
+
+def test_a_bool_is_not_an_index(dataset_path: Path) -> None:
+    with pytest.raises(TypeError, match="bool"):
+        pqloader.ParquetDataset(dataset_path, columns=["id"])[True]  # type: ignore[index]
+
+
 def test_getitems_in_asked_order(dataset_path: Path) -> None:
     ds = pqloader.ParquetDataset(dataset_path, columns=["id", "tokens", "text"])
     indices = [999, 0, 555, 101, 100, 555, -2, 300, 7]
