@@ -80,7 +80,10 @@ def write_dataset(
     Args:
         data: a pyarrow Table, RecordBatch or RecordBatchReader, a pandas or polars DataFrame,
             or an iterable of dicts or RecordBatches. Never held whole in memory by this
-            function: at most one row group is buffered.
+            function: at most one row group is buffered. A DataFrame's named index levels
+            become columns; an unnamed index (a position, as ``df[df.x > 0]`` leaves) does
+            not. Later dicts and batches must fit the first ones' types (a DataError names the
+            rows and column that do not): values are never changed on the way.
         path: the directory to create or fill; files are ``part-00000.parquet``, ...
         rows_per_file: rows in each file (the last may hold fewer).
         row_group_size: rows in each row group, the unit of reading and shuffling.
