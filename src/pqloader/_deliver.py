@@ -241,8 +241,8 @@ class SharedStream:
         self._closed = False
 
     def _take(self, k: int) -> Any:
-        with self._lock:
-            try:
+        try:
+            with self._lock:
                 while k not in self._cut and self._error is None:
                     try:
                         self._cut[self._next] = next(self._raw)
@@ -261,9 +261,8 @@ class SharedStream:
                 if k == failed:
                     raise exc
                 raise RuntimeError(f"pqloader batch {failed} failed before this one") from exc
-            finally:
-                if self._closed:
-                    self._close_raw()
+        finally:
+            self._close_if_closed()  # after the release: close() may have found the lock held
 
     def _view(self, first: int, stop: int, step: int) -> Iterator[Any]:
         for k in range(first, stop, step):
@@ -283,7 +282,12 @@ class SharedStream:
     def close(self) -> None:
         """Stop reading ahead. A thread cutting now closes the stream when it is done."""
         self._closed = True
-        if self._lock.acquire(blocking=False):
+        self._close_if_closed()
+
+    def _close_if_closed(self) -> None:
+        """Close the stream if closing was asked and no thread holds it. Whoever releases the
+        lock last after ``close()`` sets the flag sees it here, so one of them closes."""
+        if self._closed and self._lock.acquire(blocking=False):
             try:
                 self._close_raw()
             finally:
