@@ -147,6 +147,7 @@ class DataLoader:
         self._audit: AuditLog | None = None
         self._epoch = 0
         self._batches = 0  # batches of self._epoch yielded so far (what state_dict saves)
+        self._passes = 0  # iterations begun: only the latest one moves the cursor
         self._resume: int | None = None  # batches to skip in the next iteration (restored)
         self.device = resolve_device(device)
         pin = pin_memory and torch.cuda.is_available()
@@ -257,6 +258,8 @@ class DataLoader:
             self._forget_origin()
         epoch, start = self._epoch, self._resume or 0
         self._resume, self._batches = None, start
+        self._passes += 1
+        this_pass = self._passes  # an older pass's iterator, resumed by hand, counts no more
         w = self.workers
         if (memory := self._planner.stages.memory) is not None:
             memory.start()  # thread workers only (checked in __init__): one process counts
@@ -281,7 +284,8 @@ class DataLoader:
             if self._audit is not None:
                 batch, rows = batch
                 self._audit.record(epoch, k - 1, rows)
-            self._batches = k  # counted before the caller has it: a state saved now excludes it
+            if self._passes == this_pass and self._epoch == epoch:
+                self._batches = k  # counted before the caller has it: a state now excludes it
             yield batch
 
     # -- delivery ---------------------------------------------------------------------------

@@ -131,3 +131,18 @@ def test_a_random_transform_still_gets_its_generator(make_dataset: Any) -> None:
     ds = pqloader.ParquetDataset(make_dataset(ROWS))
     list(pqloader.DataLoader(ds, batch_size=500, num_workers=0, transform=flip))
     assert seen == [np.random.Generator] * 2
+
+
+def test_an_older_pass_resumed_by_hand_does_not_move_the_cursor(make_dataset: Any) -> None:
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    loader = pqloader.DataLoader(ds, batch_size=10, num_workers=0)
+    old = iter(loader)
+    for _ in range(3):
+        next(old)
+    loader.set_epoch(1)
+    next(old)  # epoch 0's iterator, still held
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batches"]) == (1, 0)
+    new = iter(loader)
+    next(new)
+    next(old)
+    assert loader.state_dict()["batches"] == 1
