@@ -72,7 +72,7 @@ def read_manifest(root: Path, paths: list[Path]) -> Manifest | None:
         return None
     try:
         text = file.read_text(encoding="utf-8")
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         warnings.warn(f"{file}: unreadable manifest ({exc}); reading the footers instead",
                       stacklevel=3)
         return None
@@ -93,10 +93,12 @@ def match_manifest(text: str, where: str, found: dict[str, int],
     order of ``found``; ``locate(name)`` makes each file's path. Else ``None``, with a warning
     that names ``where``."""
     try:
-        body: dict[str, Any] = json.loads(text)
+        body = json.loads(text)
+        if not isinstance(body, dict):
+            raise ValueError(f"a JSON {type(body).__name__}, not an object")
         if body.get("format") != FORMAT or body.get("version") not in (1, VERSION):
             raise ValueError(f"format {body.get('format')!r} version {body.get('version')!r}")
-        listed = {f["name"]: f for f in body["files"]}
+        listed = {f["name"]: _checked(f) for f in body["files"]}
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema"])))
     except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
         warnings.warn(f"{where}: unreadable manifest ({exc}); reading the footers instead",
@@ -116,3 +118,17 @@ def match_manifest(text: str, where: str, found: dict[str, int],
                     for name in found),
         schema=schema,
     )
+
+
+def _checked(entry: Any) -> dict[str, Any]:
+    """A manifest's file entry, its fields of the types opening relies on (else ValueError)."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+            and type(entry.get("size")) is int and _counts(entry.get("rows"))
+            and _counts(entry.get("bytes")) and len(entry["rows"]) == len(entry["bytes"])
+            and isinstance(entry.get("row_bytes"), (dict, type(None)))):
+        raise ValueError(f"a damaged file entry: {str(entry)[:120]}")
+    return entry
+
+
+def _counts(value: Any) -> bool:
+    return isinstance(value, list) and all(type(x) is int and x >= 0 for x in value)

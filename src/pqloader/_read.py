@@ -24,6 +24,7 @@ from ._errors import CorruptFileError, PQLoaderError, SchemaMismatchError
 from ._footers import remote_footer
 from ._fs import ObjectInfo
 from ._ranges import Range, coalesce
+from ._sizes import leaf_count
 
 _MAX_PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
 _CHANGED = ("the file changed since the dataset was opened, or since the manifest that "
@@ -205,18 +206,12 @@ class FragmentReader:
             wanted = set(self._file_columns)
             leaves, first = [], 0
             for f in arrow:
-                n = _leaf_count(f.type)
+                n = leaf_count(f.type)
                 if f.name in wanted:
                     leaves.extend(range(first, first + n))
                 first += n
             self._leaves[file_index] = leaves
         return leaves
-
-
-def _leaf_count(t: pa.DataType) -> int:
-    if t.num_fields == 0 or pa.types.is_dictionary(t):
-        return 1
-    return sum(_leaf_count(t.field(i).type) for i in range(t.num_fields))
 
 
 def _chunk_range(col: Any, file_size: int) -> Range:

@@ -11,6 +11,7 @@ lengths are not in the footer.
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 RowBytes = dict[str, float]  # top-level column -> decoded bytes per row
@@ -27,6 +28,7 @@ def row_bytes(md: pq.FileMetaData) -> RowBytes | None:
     rg = max((md.row_group(i) for i in range(md.num_row_groups)), key=lambda g: g.num_rows)
     if rg.num_rows == 0:
         return None
+    owners = _leaf_owners(md)
     out: RowBytes = {}
     for i in range(rg.num_columns):
         chunk = rg.column(i)
@@ -39,9 +41,26 @@ def row_bytes(md: pq.FileMetaData) -> RowBytes | None:
         else:  # BYTE_ARRAY: strings, binaries
             size = max(chunk.total_uncompressed_size, 4 * chunk.num_values)
         size += 4 * rg.num_rows * leaf.max_repetition_level  # list offsets
-        name = chunk.path_in_schema.split(".", 1)[0]
+        name = owners[i] if owners else chunk.path_in_schema.split(".", 1)[0]
         out[name] = out.get(name, 0.0) + size / rg.num_rows
     return out
+
+
+def _leaf_owners(md: pq.FileMetaData) -> list[str] | None:
+    """The top-level column of each Parquet leaf column, in leaf order. From the Arrow schema,
+    not the leaf's dotted path: a column named ``emb.vec`` is not a field of ``emb``. ``None``
+    when the two schemas' leaves do not line up."""
+    owners: list[str] = []
+    for field in md.schema.to_arrow_schema():
+        owners += [field.name] * leaf_count(field.type)
+    return owners if len(owners) == md.num_columns else None
+
+
+def leaf_count(t: pa.DataType) -> int:
+    """Parquet leaf columns a column of Arrow type ``t`` is stored in."""
+    if t.num_fields == 0 or pa.types.is_dictionary(t):
+        return 1
+    return sum(leaf_count(t.field(i).type) for i in range(t.num_fields))
 
 
 def fragment_bytes(rows: int, per_row: RowBytes | None, columns: list[str],

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from ._discover import Discovery
 from ._errors import StateMismatchError
@@ -87,7 +87,9 @@ def read_state(state: Mapping[str, Any], dataset: Mapping[str, Any],
             f"{VERSION}, so the state's cursor would point at other rows. Restore it with the "
             "pqloader that saved it, or start its epoch again (loader.set_epoch)"
         )
-    saved = state.get("dataset", {})
+    saved = state.get("dataset")
+    if not isinstance(saved, Mapping):
+        raise StateMismatchError(f"the state's dataset {saved!r:.80} is not a dict")
     if saved != dict(dataset):
         raise StateMismatchError(
             f"the state is from another dataset ({saved.get('files')} files, "
@@ -109,10 +111,41 @@ def read_state(state: Mapping[str, Any], dataset: Mapping[str, Any],
             "saved values of the others"
         )
     epoch, batches = state.get("epoch"), state.get("batches")
-    if not (isinstance(epoch, int) and isinstance(batches, int) and epoch >= 0
-            and batches >= 0):
+    if not (_count(epoch) and _count(batches)):
         raise StateMismatchError(f"state cursor epoch={epoch!r}, batches={batches!r} is invalid")
+    _check_elastic(saved_settings, "settings")
     origin = state.get("resumed_from")
-    if origin is not None and not isinstance(origin, Mapping):
-        raise StateMismatchError(f"the state's resumed_from {origin!r} is not a dict")
+    _check_origin(origin, set(settings))
     return Cursor(epoch, batches, dict(saved_settings), origin)
+
+
+def _count(value: Any, least: int = 0) -> TypeGuard[int]:
+    return type(value) is int and value >= least  # not a bool, not a float
+
+
+def _check_elastic(settings: Mapping[str, Any], where: str) -> None:
+    """The settings a resume rebuilds a plan from, in range: a tampered or damaged state must
+    be refused by name, not divide by zero deep in the plan."""
+    least = {"batch_size": 1, "world_size": 1, "num_workers": 0, "shuffle_window_rows": 0}
+    for name, low in least.items():
+        if not _count(settings.get(name), low):
+            raise StateMismatchError(
+                f"the state's {where}.{name}={settings.get(name)!r} is invalid (an int >= "
+                f"{low}); the state is damaged")
+
+
+def _check_origin(origin: Any, names: set[str], depth: int = 0) -> None:
+    """``resumed_from``: None, or the earlier plan's settings and cursor, recursively."""
+    where = "resumed_from" + ".resumed_from" * depth
+    if origin is None:
+        return
+    if not isinstance(origin, Mapping) or depth > 1000:
+        raise StateMismatchError(f"the state's {where} {origin!r:.80} is not a dict")
+    settings = origin.get("settings")
+    if not isinstance(settings, Mapping) or set(settings) != names:
+        raise StateMismatchError(f"the state's {where}.settings {settings!r:.80} are incomplete")
+    _check_elastic(settings, f"{where}.settings")
+    if not _count(origin.get("batches")):
+        raise StateMismatchError(
+            f"the state's {where}.batches={origin.get('batches')!r} is invalid")
+    _check_origin(origin.get("resumed_from"), names, depth + 1)

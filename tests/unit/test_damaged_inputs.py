@@ -1,0 +1,92 @@
+"""Damaged or odd inputs met on opening and resuming: a manifest that is not what it should
+be, a state edited by hand, a column whose name holds a dot. Each is refused by name, or
+worked around with a warning; never a crash deep inside, never wrong sizes."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import pqloader
+from pqloader._sizes import row_bytes
+
+MANIFEST = "_pqloader_manifest.json"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "ds"
+    pqloader.write_dataset(pa.table({"id": list(range(100))}), path, rows_per_file=50,
+                           row_group_size=25)
+    return path
+
+
+def _edit(body: dict[str, Any], case: str) -> Any:
+    entry = body["files"][0]
+    if case == "array":
+        return [body]
+    if case == "null":
+        return None
+    if case == "no size":
+        del entry["size"]
+    elif case == "no rows":
+        del entry["rows"]
+    elif case == "rows and bytes differ":
+        entry["rows"] = entry["rows"][:1]
+    elif case == "a float count":
+        entry["rows"][0] = 25.0
+    return body
+
+
+@pytest.mark.parametrize("case", ["array", "null", "no size", "no rows",
+                                  "rows and bytes differ", "a float count", "bad utf-8"])
+def test_a_damaged_manifest_warns_and_reads_the_footers(root: Path, case: str) -> None:
+    file = root / MANIFEST
+    if case == "bad utf-8":
+        file.write_bytes(b"\xff\xfe" + file.read_bytes())
+    else:
+        file.write_text(json.dumps(_edit(json.loads(file.read_text()), case)))
+    with pytest.warns(UserWarning, match="manifest"):
+        ds = pqloader.ParquetDataset(root)
+    loader = pqloader.DataLoader(ds, batch_size=30, num_workers=0)
+    assert sorted(int(i) for b in loader for i in b["id"]) == list(range(100))
+
+
+@pytest.mark.parametrize(("path", "value", "named"), [
+    (["settings", "batch_size"], 0, "settings.batch_size"),
+    (["settings", "batch_size"], 4.5, "settings.batch_size"),
+    (["settings", "world_size"], 0, "settings.world_size"),
+    (["settings", "num_workers"], -1, "settings.num_workers"),
+    (["settings", "shuffle_window_rows"], -5, "settings.shuffle_window_rows"),
+    (["dataset"], None, "dataset"),
+    (["batches"], True, "batches"),
+    (["resumed_from"], {"settings": {}, "batches": 0}, "resumed_from.settings"),
+])
+def test_a_damaged_state_is_refused_by_name(root: Path, path: list[str], value: Any,
+                                            named: str) -> None:
+    ds = pqloader.ParquetDataset(root)
+    loader = pqloader.DataLoader(ds, batch_size=10, shuffle=True, num_workers=0)
+    it = iter(loader)
+    next(it)
+    state = copy.deepcopy(loader.state_dict())
+    target = state
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    fresh = pqloader.DataLoader(ds, batch_size=10, shuffle=True, num_workers=0)
+    with pytest.raises(pqloader.StateMismatchError, match=named.replace(".", r"\.")):
+        fresh.load_state_dict(state)
+
+
+def test_a_column_named_with_a_dot_is_sized_as_itself(tmp_path: Path) -> None:
+    vectors = pa.array([[1.0] * 128] * 1000, pa.list_(pa.float64(), 128))
+    pq.write_table(pa.table({"emb.vec": vectors, "id": list(range(1000))}), tmp_path / "a.pq")
+    sizes = row_bytes(pq.read_metadata(tmp_path / "a.pq"))
+    assert sizes is not None and set(sizes) == {"emb.vec", "id"}
+    assert sizes["emb.vec"] == pytest.approx(1024, rel=0.01)
