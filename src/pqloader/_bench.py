@@ -26,6 +26,7 @@ class BenchResult:
     # This process's peak RSS, plus the largest peak of its finished children (worker
     # processes): an estimate, not the peak of the whole tree at one moment.
     peak_rss_mib: float
+    epochs: int  # epochs the timed batches came from, the last one maybe in part
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,36 +43,45 @@ def bench(dataset: ParquetDataset, *, max_batches: int | None = None, progress: 
           settle_s: float = 0.0, **loader_options: Any) -> BenchResult:
     """Iterate one epoch (or ``max_batches``) of ``DataLoader(dataset, **loader_options)``.
 
-    Touches every batch's first tensor so nothing is skipped lazily; no training step, so this
-    is the loader's own ceiling. With ``settle_s``, the loader is warmed up first, untimed: as
+    ``max_batches`` past one epoch goes on into the next ones (``set_epoch``), as training does:
+    a longer run is how to see the steady state, ``num_workers="auto"`` settled. Touches every
+    batch's first tensor so nothing is skipped lazily; no training step, so this is the
+    loader's own ceiling. With ``settle_s``, the loader is warmed up first, untimed: as
     many batches as are timed, or with ``num_workers="auto"`` until its tuner settles (at most
     ``settle_s`` seconds); then a fresh epoch is timed. Without it the clock starts before the
     loader is built.
     """
     start = time.perf_counter()
     loader = DataLoader(dataset, **loader_options)
-    total = len(loader) if max_batches is None else min(max_batches, len(loader))
+    total = len(loader) if max_batches is None or not len(loader) else max_batches
     first: float | None = None
     settled = settle_s > 0
     if settled:
         first = _warm_up(loader, total, settle_s, start)
     show = sys.stderr.isatty() if progress is None else progress
-    rows = batches = 0
+    rows = batches = epochs = 0
     timed = time.perf_counter()
     with tqdm(total=total, unit="batch", disable=not show, desc="pqloader bench") as bar:
-        for batch in loader:
-            if first is None:
-                first = time.perf_counter() - start
-            rows += _rows_of(batch)
-            batches += 1
-            bar.update(1)
-            if batches >= total:
+        while batches < total:
+            if epochs:
+                loader.set_epoch(loader.epoch + 1)
+            epochs += 1
+            before = batches
+            for batch in loader:
+                if first is None:
+                    first = time.perf_counter() - start
+                rows += _rows_of(batch)
+                batches += 1
+                bar.update(1)
+                if batches >= total:
+                    break
+            if batches == before:  # an epoch with no batches: the next ones would loop forever
                 break
     if loader.device is not None:  # copies to the device run ahead of the loop: wait for them
         torch.cuda.synchronize(loader.device)
     seconds = time.perf_counter() - (timed if settled else start)
     return BenchResult(rows, batches, seconds, first or 0.0, rows / seconds if seconds else 0.0,
-                       _peak_rss_mib())
+                       _peak_rss_mib(), epochs)
 
 
 def _warm_up(loader: DataLoader, batches: int, seconds: float, start: float) -> float | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -157,9 +158,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.as_dict()))
     else:
-        print(f"{result.rows:,} rows in {result.batches:,} batches of {args.batch_size:,} in "
-              f"{result.seconds:.2f} s: {result.rows_per_s:,.0f} rows/s; first batch after "
-              f"{result.first_batch_s:.2f} s; peak RSS ~{result.peak_rss_mib:,.0f} MiB "
+        epochs = f" over {result.epochs} epochs" if result.epochs > 1 else ""
+        print(f"{result.rows:,} rows in {result.batches:,} batches of {args.batch_size:,}"
+              f"{epochs} in {result.seconds:.2f} s: {result.rows_per_s:,.0f} rows/s; first "
+              f"batch after {result.first_batch_s:.2f} s; peak RSS "
+              f"~{result.peak_rss_mib:,.0f} MiB "
               f"({args.num_workers} {args.worker_type} workers, "
               f"{'no shuffle' if args.no_shuffle else 'shuffled'}"
               f"{f', to {args.device}' if args.device else ''})")
@@ -170,6 +173,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from ._bench import tune
 
     ds = pqloader.ParquetDataset(args.path, columns=args.columns)
+    if not len(ds):  # every rate would be 0: nothing to rank, and "x best" divides by it
+        raise CommandFailure(f"{args.path}: no rows to measure; tune a dataset that has rows")
     ranked = tune(ds, batch_size=args.batch_size, max_batches=args.max_batches,
                   repeats=args.repeats, settle_s=args.settle_s, shuffle=not args.no_shuffle)
     if args.json:
@@ -253,6 +258,17 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    """A duration: finite and >= 0 (``inf`` or ``nan`` would let a warm-up run forever)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds, a finite number >= 0, got {text!r}")
+    return value
+
+
 def _workers(text: str) -> int | str:
     if text == "auto":
         return text
@@ -300,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--no-shuffle", action="store_true", help="read in file order")
     be.add_argument("--seed", type=int, default=0)
     be.add_argument("--max-batches", type=_positive_int, metavar="N",
-                    help="stop after N batches (default: one epoch)")
+                    help="stop after N batches, going on into later epochs past the first "
+                    "(default: one epoch)")
     be.add_argument("--no-progress", action="store_true", help="no progress bar")
     be.add_argument("--json", action="store_true", help="print one JSON object")
     be.set_defaults(run=_cmd_bench, parser=be)
@@ -314,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="batches per trial (default: %(default)s)")
     tu.add_argument("--repeats", type=_positive_int, default=2, metavar="N",
                     help="trials per setting, interleaved; the median counts")
-    tu.add_argument("--settle-s", type=float, default=30.0, metavar="S",
+    tu.add_argument("--settle-s", type=_seconds, default=30.0, metavar="S",
                     help="each setting is warmed up untimed first: as many batches as it is "
                     "timed for, or num_workers='auto' until its tuner settles, at most S seconds "
                     "(default: %(default)s)")

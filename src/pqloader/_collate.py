@@ -7,7 +7,6 @@ binary -> ``list[bytes]``. Anything else needs ``collate_fn=``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -240,74 +239,3 @@ def to_torch(columns: Mapping[str, Any], kinds: Mapping[str, Kind]) -> dict[str,
 def to_arrow(columns: Mapping[str, pa.Array]) -> pa.RecordBatch:
     """A batch of columns prepared with ``kind=None`` as an Arrow record batch."""
     return pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
-
-
-_ALIGN = 64  # bytes: every packed tensor starts on a cache line
-
-
-Layout = list[tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...], int]]
-
-
-def _unpack(flat: torch.Tensor, layout: Layout, rest: dict[str, Any]) -> dict[str, Any]:
-    batch = dict(rest)
-    for name, dtype, shape, stride, offset in layout:
-        size = math.prod(shape) * dtype.itemsize
-        batch[name] = flat[offset:offset + size].view(dtype).as_strided(shape, stride)
-    return batch
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether ``t``'s elements fill its span of memory once each, in some order of dims."""
-    expected = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True)
-                               if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return t.numel() > 0
-
-
-class PackedBatch:
-    """A batch dict whose tensors cross a process boundary as one shared buffer.
-
-    torch sends every tensor through its own file descriptor and socket hand-shake; for a
-    33-column batch that was ~90% of the consumer's time (measured). Unpickling gives back a
-    plain dict of tensors (views into the one buffer), so the receiver never sees this class.
-    A dense tensor keeps its memory layout (a ``channels_last`` image batch stays one: making
-    it contiguous was a transpose in the worker, 4.4 against ~2 us per 56x56x3 image, measured);
-    a strided view (gaps, overlaps) arrives contiguous.
-    """
-
-    def __init__(self, batch: dict[str, Any]) -> None:
-        tensors = {k: v if _dense(v) else v.contiguous()
-                   for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        self.rest = {k: v for k, v in batch.items() if k not in tensors}
-        self.layout: Layout = []
-        offset = 0
-        for name, t in tensors.items():
-            self.layout.append((name, t.dtype, tuple(t.shape), tuple(t.stride()), offset))
-            offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-        self.flat = torch.empty(offset, dtype=torch.uint8)
-        for (_, _, shape, stride, start), t in zip(self.layout, tensors.values(), strict=True):
-            size = t.numel() * t.element_size()
-            self.flat[start:start + size].view(t.dtype).as_strided(shape, stride).copy_(t)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_unpack, (self.flat, self.layout, self.rest))
-
-
-def compact(batch: Any) -> Any:
-    """Make a batch cheap to send to another process.
-
-    A dict of tensors is packed into one buffer (:class:`PackedBatch`); other tensors that view
-    a larger buffer (a window) are cloned, since sending a view ships its whole buffer.
-    """
-    if isinstance(batch, dict) and any(isinstance(v, torch.Tensor) for v in batch.values()):
-        return PackedBatch(batch)
-    if isinstance(batch, torch.Tensor):
-        if batch.untyped_storage().nbytes() > batch.nbytes:
-            return batch.clone()
-        return batch
-    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
-        return type(batch)(compact(v) for v in batch)
-    return batch

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
-from ._collate import column_kinds, compact
+from ._collate import column_kinds
 from ._config import LoaderConfig, bytes_per_row
 from ._deliver import SharedStream
 from ._errors import InvalidArgumentError
 from ._memory import RESERVE_BYTES, WINDOWS_PER_STREAM, MemoryBudget
+from ._pack import compact
 from ._pipeline import Stages, finish, raw_batches, worker_batches
 from ._plan import RankPlan, num_batches, plan_epoch, plan_remainder, remaining
 from ._state import fingerprint

@@ -1,4 +1,4 @@
-"""The command line: ``pqloader inspect`` and ``pqloader write``, exit codes and messages."""
+"""The command line: ``pqloader inspect``, ``write``, ``bench``, ``tune``: exit codes, messages."""
 
 from __future__ import annotations
 
@@ -336,7 +336,7 @@ def test_bench_measures_an_epoch(make_dataset, capsys) -> None:
     code, out, _ = run(capsys, "bench", path, "--batch-size", "100", "--json", "--no-progress")
     assert code == 0
     result = json.loads(out)
-    assert (result["rows"], result["batches"]) == (1000, 10)
+    assert (result["rows"], result["batches"], result["epochs"]) == (1000, 10, 1)
     assert result["rows_per_s"] > 0 and result["first_batch_s"] <= result["seconds"]
 
 
@@ -375,3 +375,33 @@ def test_tune_ranks_settings_best_first(make_dataset, capsys) -> None:
     rates = [r["rows_per_s"] for r in ranked]
     assert rates == sorted(rates, reverse=True)
     assert all(r["rows"] == 500 for r in ranked)
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
+def test_tune_on_no_rows_fails_naming_the_path(tmp_path, capsys, json_flag) -> None:
+    path = tmp_path / "empty"
+    pqloader.write_dataset(pa.table({"id": pa.array([], pa.int64())}), path)
+    code, out, err = run(capsys, "tune", path, "--settle-s", "0.1", "--repeats", "1", *json_flag)
+    assert (code, out) == (1, "")
+    assert err == f"pqloader: {path}: no rows to measure; tune a dataset that has rows\n"
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-1", "soon"])
+def test_tune_settle_s_must_be_finite_and_not_negative(capsys, value) -> None:
+    code, out, err = run(capsys, "tune", "x", f"--settle-s={value}")
+    assert (code, out) == (2, "")
+    assert "usage: pqloader tune" in err
+    assert f"argument --settle-s: expected seconds, a finite number >= 0, got {value!r}" in err
+
+
+def test_bench_goes_on_into_later_epochs(make_dataset, capsys) -> None:
+    path = make_dataset(1000)  # 10 batches of 100 an epoch
+    for workers in ("0", "auto"):
+        code, out, _ = run(capsys, "bench", path, "--batch-size", "100", "--max-batches", "25",
+                           "--num-workers", workers, "--json", "--no-progress")
+        assert code == 0
+        result = json.loads(out)
+        assert (result["rows"], result["batches"], result["epochs"]) == (2500, 25, 3)
+    code, out, _ = run(capsys, "bench", path, "--batch-size", "100", "--max-batches", "25",
+                       "--num-workers", "0", "--no-progress")
+    assert code == 0 and out.startswith("2,500 rows in 25 batches of 100 over 3 epochs in ")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import pickle
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 import pqloader
-from pqloader._collate import PackedBatch, prepare, to_torch, window_order
+from pqloader._collate import prepare, to_torch, window_order
+from pqloader._pack import PackedBatch, compact
 
 
 def test_packed_batch_keeps_values_dtypes_and_dense_layouts() -> None:
@@ -33,6 +35,74 @@ def test_packed_batch_keeps_values_dtypes_and_dense_layouts() -> None:
     assert got["image"].is_contiguous(memory_format=torch.channels_last)
     assert got["image"].stride() == batch["image"].stride()
     assert got["strided"].is_contiguous()
+
+
+class XY(NamedTuple):  # module level: pickle finds it by name
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def _sent(batch: Any) -> Any:
+    """``batch`` as a worker process sends it and the loader's process receives it."""
+    return pickle.loads(pickle.dumps(compact(batch)))
+
+
+def test_compact_rebuilds_sequences_as_their_own_type() -> None:
+    x, y = torch.arange(4.0), torch.arange(8).reshape(4, 2)[:, 0]  # y views a larger buffer
+    got = _sent(XY(x, y))
+    assert type(got) is XY and torch.equal(got.x, x) and torch.equal(got.y, y)
+    assert got.y.untyped_storage().nbytes() == got.y.nbytes  # the view was cut out, not shipped
+    for kind in (list, tuple):
+        items = _sent(kind([x, y]))
+        assert type(items) is kind and all(map(torch.equal, items, [x, y]))
+
+
+@pytest.mark.filterwarnings("ignore:Sparse")  # CSR is beta; sparse invariants unchecked
+def test_compact_leaves_sparse_and_grad_tensors_to_torch() -> None:
+    dense = torch.arange(6.0).reshape(2, 3)
+    leaf = torch.rand(3).requires_grad_()
+    batch = {"sparse": dense.to_sparse(), "csr": dense.to_sparse_csr(), "grad": leaf,
+             "x": dense, "names": ["a", "b"]}
+    packed = compact(batch)
+    assert isinstance(packed, PackedBatch) and [n for n, *_ in packed.layout] == ["x"]
+    got = pickle.loads(pickle.dumps(packed))
+    assert got.keys() == batch.keys() and got["names"] == ["a", "b"]
+    assert got["sparse"].layout == torch.sparse_coo and torch.equal(got["sparse"].to_dense(), dense)
+    assert got["csr"].layout == torch.sparse_csr and torch.equal(got["csr"].to_dense(), dense)
+    assert got["grad"].requires_grad and torch.equal(got["grad"].detach(), leaf.detach())
+    assert torch.equal(got["x"], dense)
+    sparse = _sent(dense.to_sparse())  # a batch that is one sparse tensor
+    assert sparse.is_sparse and torch.equal(sparse.to_dense(), dense)
+    assert isinstance(compact({"sparse": dense.to_sparse()}), dict)  # nothing to pack
+
+
+def _as_xy(batch: dict[str, Any]) -> XY:
+    return XY(batch["id"], batch["id"] * 2)
+
+
+def _as_sparse(batch: dict[str, Any]) -> dict[str, Any]:
+    return {"id": batch["id"], "s": batch["id"].float().unsqueeze(1).to_sparse()}
+
+
+@pytest.mark.filterwarnings("ignore:Sparse")
+@pytest.mark.parametrize("transform", [_as_xy, _as_sparse], ids=["namedtuple", "sparse"])
+def test_transforms_through_a_worker_process(tmp_path: Path, transform: Any) -> None:
+    pq.write_table(pa.table({"id": np.arange(8, dtype=np.int64)}), tmp_path / "a.parquet")
+    ds = pqloader.ParquetDataset(tmp_path)
+    started = time.perf_counter()
+    loader = torch.utils.data.DataLoader(ds.to_torch(batch_size=4, shuffle=False,
+                                                     transform=transform),
+                                         batch_size=None, num_workers=1)
+    got = list(loader)
+    assert time.perf_counter() - started < 5
+    assert len(got) == 2
+    if transform is _as_xy:
+        assert all(type(b) is XY for b in got)
+        assert torch.equal(torch.cat([b.x for b in got]), torch.arange(8))
+    else:
+        assert all(b["s"].is_sparse for b in got)
+        assert torch.equal(torch.cat([b["s"].to_dense() for b in got]).squeeze(1),
+                           torch.arange(8.0))
 
 
 # -- fixed_size_list columns ----------------------------------------------------------------------
