@@ -12,7 +12,7 @@ import torch.utils.data
 from ._collate import column_kinds
 from ._config import LoaderConfig, bytes_per_row
 from ._deliver import SharedStream
-from ._errors import InvalidArgumentError
+from ._errors import InvalidArgumentError, check_positive
 from ._memory import RESERVE_BYTES, WINDOWS_PER_STREAM, MemoryBudget
 from ._pack import compact
 from ._pipeline import Stages, finish, raw_batches, worker_batches
@@ -164,6 +164,12 @@ class Planner:
                               first_position=plan.first_position)
 
 
+# to_torch()'s keywords beyond its own: the plan's settings, as for pqloader.DataLoader
+_OPTIONS = frozenset({"shuffle_window_rows", "transform", "collate_fn", "memory_budget_bytes"})
+_TORCH_LOADER = frozenset({"num_workers", "pin_memory", "timeout", "worker_init_fn",
+                           "persistent_workers", "prefetch_factor", "multiprocessing_context"})
+
+
 class TorchIterable(torch.utils.data.IterableDataset[Any]):
     """Batches of one rank; under torch's worker processes each worker makes its share.
 
@@ -175,6 +181,14 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
     def __init__(self, dataset: ParquetDataset, *, batch_size: int, shuffle: bool = False,
                  seed: int = 0, drop_last: bool = False, rank: int | None = None,
                  world_size: int | None = None, **options: Any) -> None:
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            where = " (torch's DataLoader takes it: this is its dataset)" \
+                if unknown[0] in _TORCH_LOADER else ""
+            raise InvalidArgumentError(
+                f"to_torch() got an unexpected keyword {unknown[0]!r}{where}; it takes "
+                f"batch_size, shuffle, seed, drop_last, rank, world_size, "
+                f"{', '.join(sorted(_OPTIONS))}")
         config = LoaderConfig(batch_size=batch_size, shuffle=shuffle, seed=seed,
                               drop_last=drop_last, world=resolve_world(rank, world_size),
                               **options)
@@ -191,6 +205,11 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """The epoch of the next iteration (and batches of it to skip, when resuming)."""
+        check_positive("epoch", epoch, allow_zero=True)
+        check_positive("start", start, allow_zero=True)
+        if start > len(self):
+            raise InvalidArgumentError(
+                f"start={start} is past the epoch's {len(self)} batches on this rank")
         self._cursor.set(epoch, start)
 
     def __len__(self) -> int:

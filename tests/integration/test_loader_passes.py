@@ -146,3 +146,23 @@ def test_an_older_pass_resumed_by_hand_does_not_move_the_cursor(make_dataset: An
     next(new)
     next(old)
     assert loader.state_dict()["batches"] == 1
+
+
+@pytest.mark.parametrize(("epoch", "start", "match"), [
+    (0, -1, "start must be"), (-1, 0, "epoch must be"), (1.5, 0, "epoch must be"),
+    (0, 101, "past the epoch's 100 batches")])
+def test_to_torch_set_epoch_checks_its_cursor(make_dataset: Any, epoch: Any, start: Any,
+                                              match: str) -> None:
+    it = pqloader.ParquetDataset(make_dataset(ROWS)).to_torch(batch_size=10, shuffle=True)
+    with pytest.raises(pqloader.InvalidArgumentError, match=match):
+        it.set_epoch(epoch, start)
+
+
+@pytest.mark.parametrize(("keyword", "match"), [
+    ("num_workers", "torch's DataLoader takes it"), ("shufle", "unexpected keyword 'shufle'"),
+    ("world", "unexpected keyword 'world'")])
+def test_to_torch_names_a_keyword_it_does_not_take(make_dataset: Any, keyword: str,
+                                                   match: str) -> None:
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    with pytest.raises(pqloader.InvalidArgumentError, match=match):
+        ds.to_torch(batch_size=10, **{keyword: 2})
