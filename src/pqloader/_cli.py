@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pqloader
 
 from ._convert import CODECS, FORMATS, HINTS, CommandFailure, counted, guess_format, open_source
+from ._sizes import leaf_owners
 
 _MAX_FILES_SHOWN = 20
 _WRITE_DEFAULTS = {name: p.default  # one source of truth: write_dataset's own defaults
@@ -39,13 +40,13 @@ def _file_facts(path: str, md: pq.FileMetaData, columns: set[str] | None) -> dic
     """Rows, row groups, bytes and codecs of one footer, counting only ``columns`` if given."""
     compressed = uncompressed = 0
     codecs: set[str] = set()
+    owners = leaf_owners(md)  # "tokens.list.element" belongs to column "tokens"
     for i in range(md.num_row_groups):
         group = md.row_group(i)
         for j in range(group.num_columns):
             chunk = group.column(j)
-            top = chunk.path_in_schema  # "tokens.list.element" belongs to column "tokens"
-            if columns is not None and not any(top == c or top.startswith(c + ".")
-                                               for c in columns):
+            top = owners[j] if owners else chunk.path_in_schema.split(".", 1)[0]
+            if columns is not None and top not in columns:
                 continue
             compressed += chunk.total_compressed_size
             uncompressed += chunk.total_uncompressed_size

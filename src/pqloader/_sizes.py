@@ -28,7 +28,7 @@ def row_bytes(md: pq.FileMetaData) -> RowBytes | None:
     rg = max((md.row_group(i) for i in range(md.num_row_groups)), key=lambda g: g.num_rows)
     if rg.num_rows == 0:
         return None
-    owners = _leaf_owners(md)
+    owners = leaf_owners(md)
     out: RowBytes = {}
     for i in range(rg.num_columns):
         chunk = rg.column(i)
@@ -46,7 +46,7 @@ def row_bytes(md: pq.FileMetaData) -> RowBytes | None:
     return out
 
 
-def _leaf_owners(md: pq.FileMetaData) -> list[str] | None:
+def leaf_owners(md: pq.FileMetaData) -> list[str] | None:
     """The top-level column of each Parquet leaf column, in leaf order. From the Arrow schema,
     not the leaf's dotted path: a column named ``emb.vec`` is not a field of ``emb``. ``None``
     when the two schemas' leaves do not line up."""
