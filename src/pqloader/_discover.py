@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._cache import Cache, cached_ranges
+from ._cache import Cache
 from ._errors import (
     ColumnNotFoundError,
     DatasetNotFoundError,
@@ -23,6 +23,7 @@ from ._errors import (
     InvalidArgumentError,
     SchemaMismatchError,
 )
+from ._fetch import cached_ranges
 from ._footers import (
     RowGroups,
     local_footers,

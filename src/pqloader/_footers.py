@@ -9,8 +9,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._cache import Cache, cached_ranges
+from ._cache import Cache
 from ._errors import CorruptFileError
+from ._fetch import cached_ranges
 from ._fs import ObjectInfo, Store
 from ._sizes import RowBytes, row_bytes
 

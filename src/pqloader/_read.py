@@ -18,9 +18,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._cache import Buffer, CorruptCacheEntry, cached_ranges
+from ._cache import Buffer, CorruptCacheEntry
 from ._discover import Discovery, FileEntry
 from ._errors import CorruptFileError, PQLoaderError, SchemaMismatchError
+from ._fetch import cached_ranges
 from ._footers import remote_footer
 from ._fs import ObjectInfo
 from ._ranges import Range, coalesce

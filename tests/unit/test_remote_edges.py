@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import pqloader
-from pqloader._cache import Cache, cached_ranges
+from pqloader._cache import Cache
 from pqloader._cli import main as cli
+from pqloader._fetch import cached_ranges
 from pqloader._fs import Store, _object_info
 from pqloader._retry import RangeIgnored, RetryPolicy, ShortRead, classify
 

@@ -296,7 +296,7 @@ def test_cache_entries_are_written_in_pieces_and_read_memory_mapped(tmp_path: Pa
 
 
 def test_a_corrupt_entry_is_counted_refetched_and_cached_again(tmp_path: Path) -> None:
-    from pqloader._cache import cached_ranges
+    from pqloader._fetch import cached_ranges
 
     data = os.urandom(5000)
     fs = _Flaky(data, failures=0)
