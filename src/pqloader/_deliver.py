@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ._errors import LoaderTimeoutError
+from ._exit import close_at_exit, track
 
 _POLL_S = 0.1  # how often blocked threads look at the stop flag and at dead peers
 
@@ -73,9 +74,10 @@ class Delivery:
         self._ready = threading.Condition(self._lock)  # the caller, for its batch
         self._closed = False
         self._fatal: BaseException | None = None  # a worker_init_fn's error, for the caller
-        self._pool = [threading.Thread(target=self._run, args=(i,), daemon=True,
-                                       name=f"pqloader-worker-{i}")
+        self._pool = [track(threading.Thread(target=self._run, args=(i,), daemon=True,
+                                             name=f"pqloader-worker-{i}"))
                       for i in range(max(0, max_threads))]
+        close_at_exit(self)  # an iterator left open at exit: its threads wind down first
         for t in self._pool:
             t.start()
 
@@ -175,6 +177,8 @@ class Delivery:
         """Batch ``k`` (asked for in order), made by a thread or, if none took it, here."""
         began = time.perf_counter()
         with self._lock:
+            if self._fatal is not None:  # whenever it came: other threads may make every batch
+                raise self._fatal
             if k != self._waiting_for:
                 self._waiting_for = k
                 self._offer()
@@ -212,8 +216,15 @@ class Delivery:
         try:
             for k in range(self._waiting_for, self._stop):
                 yield self.get(k)
+            self.check()
         finally:
             self.close()
+
+    def check(self) -> None:
+        """Raise a worker_init_fn's error that came after the last batch was taken."""
+        with self._lock:
+            if self._fatal is not None:
+                raise self._fatal
 
 
 class SharedStream:

@@ -142,7 +142,7 @@ class DataLoader:
             if autotune else None
         self._plan_workers = 1 if autotune else streams  # workers the plan deals batches to
         self._planner = Planner(dataset, self.config, audit=audit_dir is not None,
-                                streams=max(1, streams))
+                                streams=max(1, streams), timeout_s=timeout)
         self._audit_dir = audit_dir
         self._audit: AuditLog | None = None
         self._epoch = 0
@@ -325,5 +325,6 @@ class DataLoader:
                 if tuner is not None and (new := tuner.observe()) is not None:
                     delivery.set_threads(new)
                 yield batch
+            delivery.check()
         finally:
             delivery.close()

@@ -11,7 +11,8 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,8 @@ import pyarrow as pa
 import torch
 
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
-from ._errors import PQLoaderError
+from ._errors import LoaderTimeoutError, PQLoaderError
+from ._exit import track
 from ._memory import MemoryBudget
 from ._plan import Segment, Window, WorkerPlan, advance
 from ._read import FragmentReader
@@ -74,6 +76,7 @@ class Stages:
     audit: bool = False  # carry each batch's global row numbers beside it
     memory: MemoryBudget | None = None  # memory_budget_bytes, held while reading ahead
     window_bytes: int = 0  # a window's decoded bytes, estimated (its read needs about twice)
+    timeout_s: float = 0.0  # the loader's timeout: the longest wait for a window read (0: none)
 
     @functools.cached_property
     def arity(self) -> int:
@@ -162,19 +165,21 @@ def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int]) -> Iterator[Columns]:
 
 def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
                memory: MemoryBudget | None = None, need_bytes: int = 0,
-               ahead: int = 1) -> Iterator[_Loaded]:
+               ahead: int = 1, timeout_s: float = 0.0,
+               describe: Callable[[Segment], str] | None = None) -> Iterator[_Loaded]:
     """Load segments in order, the next ``ahead`` on helper threads while one is consumed.
 
     Without it a worker stalls for a whole window load every window, and the round-robin
     delivery waits on it while the other workers sit on full queues. Costs ``ahead`` windows
     of memory per worker. With a ``memory`` budget, a read ahead starts only once
-    ``need_bytes`` fit in it, or once its window is needed, whichever comes first.
+    ``need_bytes`` fit in it, or once its window is needed, whichever comes first. A load not
+    done ``timeout_s`` after it is needed raises :class:`LoaderTimeoutError`: with
+    ``num_workers`` 0 or ``"auto"`` the caller itself waits here, where no other timeout runs.
     """
     if not windows:
         return
     ahead = max(1, ahead)
-    pool = ThreadPoolExecutor(ahead, thread_name_prefix="pqloader-read")
-    pending: deque[tuple[Future[_Loaded], threading.Event]] = deque()
+    pending: deque[tuple[Future[_Loaded], threading.Event, Segment]] = deque()
 
     def early(segment: Segment, needed: threading.Event) -> _Loaded:
         if memory is not None:
@@ -185,24 +190,50 @@ def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
         needed = threading.Event()  # set once the consumer waits for this load
         if not pending:
             needed.set()  # the first window: the least that makes progress, read at once
-        pending.append((pool.submit(early, segment, needed), needed))
+        pending.append((_in_daemon_thread(early, segment, needed), needed, segment))
 
     todo = iter(windows)
     try:
         for segment in itertools.islice(todo, ahead):
             submit(segment)
         while pending:
-            future, needed = pending.popleft()
+            future, needed, segment = pending.popleft()
             needed.set()
-            current = future.result()
+            try:
+                current = future.result(timeout_s or None)
+            except FutureTimeout:
+                raise LoaderTimeoutError(
+                    f"a shuffle window was not read within timeout={timeout_s} s; raise "
+                    "timeout= or look for a slow or hung file system"
+                    + (f" (reading {describe(segment)})" if describe else "")) from None
             if (following := next(todo, None)) is not None:
                 submit(following)
             yield current
             del current
     finally:
-        for _, needed in pending:
+        for future, needed, _ in pending:
+            future.cancel()  # not started yet: never starts
             needed.set()  # a read ahead waiting for room stops waiting
-        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _in_daemon_thread(fn: Callable[..., _Loaded], *args: Any) -> Future[_Loaded]:
+    """``fn(*args)`` on a daemon thread of its own (one per window: ~0.1 ms against a window's
+    load), not in a ThreadPoolExecutor: the interpreter joins an executor's threads at exit,
+    so a read that never returns (a hung network file system) or that waits for memory room
+    while an abandoned iterator lives on in a traceback would keep the process from exiting.
+    """
+    future: Future[_Loaded] = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    track(threading.Thread(target=run, daemon=True, name="pqloader-read")).start()
+    return future
 
 
 def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
@@ -216,7 +247,8 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
     """
     segments = advance(plan.segments, sum(plan.batch_sizes[:skip]))
     batches = _cut(read_ahead(stages.load, segments, stages.memory, 2 * stages.window_bytes,
-                              ahead), plan.batch_sizes[skip:])
+                              ahead, stages.timeout_s, lambda seg: stages.describe(seg.window)),
+                   plan.batch_sizes[skip:])
     yield from zip(plan.positions[skip:], batches, strict=True)
 
 

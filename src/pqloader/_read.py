@@ -95,10 +95,12 @@ class FragmentReader:
         file_index = int(d.file_index[fragment])
         row_group = int(d.row_group[fragment])
         entry = d.files[file_index]
-        footer = self._footer(file_index)
         local = d.store is None
-        source: Any = entry.path if local else self._fetch(file_index, row_group)
         try:
+            # the footer too: one read at first use when the dataset was opened from its
+            # manifest, and the file may have changed since
+            footer = self._footer(file_index)
+            source: Any = entry.path if local else self._fetch(file_index, row_group)
             # memory_map: a local row group decodes straight from the page cache, its bytes
             # never copied into read buffers first (-12% CPU per row on W1, measured)
             with pq.ParquetFile(source, metadata=footer, memory_map=local,

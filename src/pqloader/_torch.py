@@ -66,7 +66,7 @@ class Planner:
     """Binds a dataset to a config: plans epochs and builds each worker's stages."""
 
     def __init__(self, dataset: ParquetDataset, config: LoaderConfig, *,
-                 audit: bool = False, streams: int = 1) -> None:
+                 audit: bool = False, streams: int = 1, timeout_s: float = 0.0) -> None:
         self.dataset = dataset
         self.config = config
         d = dataset._discovery
@@ -77,7 +77,7 @@ class Planner:
             memory = MemoryBudget(config.memory_budget_bytes)
             check_room(dataset, config.memory_budget_bytes, streams)
         self.stages = Stages(dataset.reader, kinds, config.seed, config.transform,
-                             config.collate_fn, audit, memory, self._window_bytes())
+                             config.collate_fn, audit, memory, self._window_bytes(), timeout_s)
         self.fingerprint = fingerprint(d)
         # (epoch, chain): that epoch's plan is what the chain's plan left (see _state.Cursor)
         self.origin: tuple[int, Mapping[str, Any]] | None = None

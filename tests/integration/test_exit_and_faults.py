@@ -1,0 +1,113 @@
+"""Faults met at the edges of a run: the interpreter exiting with an iterator open, a read
+that never returns, a worker_init_fn that fails while no one waits, a file changed after its
+manifest opened it. Each ends promptly, with the error named; none hangs or aborts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import pqloader
+
+_PRELUDE = """
+import sys, time
+import numpy as np, pyarrow as pa, torch
+import pqloader
+pqloader.write_dataset(pa.table({"x": np.arange(4000), "y": np.random.rand(4000)}),
+                       sys.argv[1], rows_per_file=1000, row_group_size=100)
+ds = pqloader.ParquetDataset(sys.argv[1])
+"""
+
+
+def _run(tmp_path: Path, body: str, *args: str, limit_s: float = 90) -> tuple[int, str, float]:
+    script = tmp_path / "script.py"
+    script.write_text(_PRELUDE + textwrap.dedent(body))
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ds"), *args],
+                          capture_output=True, text=True, timeout=limit_s)
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - began
+
+
+@pytest.mark.parametrize("num_workers", ["2", "auto"])
+def test_exiting_with_an_iterator_open_and_threads_in_torch_is_clean(
+        tmp_path: Path, num_workers: str) -> None:
+    # A daemon thread inside a torch op at finalization aborted the process (status 134).
+    code, out, _ = _run(tmp_path, """
+        def heavy(batch):
+            a = torch.randn(256, 256)
+            for _ in range(20):
+                a = a @ a
+                a = a / a.norm()
+            batch["y"] = batch["y"] * a[0, 0]
+            return batch
+        n = sys.argv[2]
+        loader = pqloader.DataLoader(ds, batch_size=8, shuffle=True, transform=heavy,
+                                     num_workers=n if n == "auto" else int(n))
+        data_iter = iter(loader)
+        for _ in range(3):
+            next(data_iter)
+        sys.exit(0)
+        """, num_workers)
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("num_workers", ["0", "2", "auto"])
+def test_a_read_that_never_returns_times_out_and_the_process_exits(
+        tmp_path: Path, num_workers: str) -> None:
+    code, out, seconds = _run(tmp_path, """
+        import threading
+        from pqloader import _read
+        hung, read = threading.Event(), _read.FragmentReader.read
+        def stuck(self, fragment):
+            if fragment == 7:
+                hung.wait()  # a file system that never answers
+            return read(self, fragment)
+        _read.FragmentReader.read = stuck
+        n = sys.argv[2]
+        loader = pqloader.DataLoader(ds, batch_size=16, shuffle_window_rows=100, timeout=1.0,
+                                     num_workers=n if n == "auto" else int(n))
+        try:
+            for _ in loader:
+                pass
+        except pqloader.LoaderTimeoutError as exc:
+            print("timed out:", exc)
+        """, num_workers)
+    assert code == 0 and "timed out:" in out, out
+    assert seconds < 60  # the exit waits for stuck threads a bounded time only
+
+
+def test_a_worker_init_fn_error_is_raised_even_if_no_one_was_waiting(
+        make_dataset: Any) -> None:
+    def init(index: int) -> None:
+        if index == 1:
+            time.sleep(0.3)  # the other thread makes every batch meanwhile
+            raise RuntimeError("could not open the label store")
+
+    ds = pqloader.ParquetDataset(make_dataset(1000))
+    loader = pqloader.DataLoader(ds, batch_size=8, num_workers=2, worker_init_fn=init,
+                                 transform=lambda b: (time.sleep(0.005), b)[1])
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="label store"):
+            list(loader)
+
+
+def test_a_footer_damaged_after_a_manifest_open_is_named(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    pqloader.write_dataset(pa.table({"x": list(range(100))}), root, rows_per_file=50)
+    ds = pqloader.ParquetDataset(root)  # from the manifest: no footer read yet
+    shard = sorted(root.glob("part-*.parquet"))[1]
+    footer = pq.read_metadata(shard).serialized_size
+    data = bytearray(shard.read_bytes())
+    start = len(data) - 8 - footer
+    data[start:start + 32] = b"\xff" * 32  # the footer's head; its length and magic stay
+    shard.write_bytes(bytes(data))
+    with pytest.raises(pqloader.CorruptFileError, match=rf"{shard.name}: row group 0"):
+        list(pqloader.DataLoader(ds, batch_size=10, num_workers=0))
