@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 from typing import Any
 
 import torch
@@ -13,8 +14,8 @@ _ALIGN = 64  # bytes: every packed tensor starts on a cache line
 Layout = list[tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...], int]]
 
 
-def _unpack(flat: torch.Tensor, layout: Layout, rest: dict[str, Any]) -> dict[str, Any]:
-    batch = dict(rest)
+def _unpack(flat: torch.Tensor, layout: Layout, rest: bytes) -> dict[str, Any]:
+    batch: dict[str, Any] = pickle.loads(rest)
     for name, dtype, shape, stride, offset in layout:
         size = math.prod(shape) * dtype.itemsize
         batch[name] = flat[offset:offset + size].view(dtype).as_strided(shape, stride)
@@ -30,6 +31,28 @@ def _dense(t: torch.Tensor) -> bool:
             return False
         expected *= size
     return t.numel() > 0
+
+
+def _pickled(rest: dict[str, Any]) -> bytes:
+    """The batch's other values, pickled here, in the worker: a value that does not pickle
+    (a lambda, a lock) fails now, with its key named, and torch hands the error to the caller.
+    Left to the worker's queue, the failure was printed in the worker and the batch dropped:
+    the caller waited for it forever."""
+    try:
+        return pickle.dumps(rest, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        key = next((k for k, v in rest.items() if not _pickles(v)), None)
+        raise TypeError(f"the batch's {key!r} cannot be sent from a worker process ({exc}); "
+                        "return picklable values from transform, or use thread workers"
+                        ) from exc
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return False
+    return True
 
 
 def _packable(value: Any) -> bool:
@@ -59,7 +82,7 @@ class PackedBatch:
     def __init__(self, batch: dict[str, Any]) -> None:
         tensors = {k: v if _dense(v) else v.contiguous()
                    for k, v in batch.items() if _packable(v)}
-        self.rest = {k: v for k, v in batch.items() if k not in tensors}
+        self.rest = _pickled({k: v for k, v in batch.items() if k not in tensors})
         self.layout: Layout = []
         offset = 0
         for name, t in tensors.items():

@@ -188,7 +188,7 @@ def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
 
     def submit(segment: Segment) -> None:
         needed = threading.Event()  # set once the consumer waits for this load
-        if not pending:
+        if segment is windows[0]:
             needed.set()  # the first window: the least that makes progress, read at once
         pending.append((_in_daemon_thread(early, segment, needed), needed, segment))
 

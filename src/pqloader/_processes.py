@@ -52,17 +52,29 @@ class ProcessDelivery:
         try:
             yield from map(receive, it)
         except RuntimeError as exc:
+            self.forget()  # persistent ones may be dead or stuck: the next epoch starts anew
             if not str(exc).startswith("DataLoader timed out"):
+                _shut_down(it, w.persistent_workers)
                 raise
             for process in getattr(it, "_workers", ()):  # stuck: joining them would hang
                 process.terminate()
-            self.forget()  # persistent ones are gone: the next epoch starts new ones
             raise LoaderTimeoutError(
                 f"no batch from a worker process within timeout={w.timeout} s; raise "
                 "timeout= or look for a slow file system or transform"
             ) from exc
+        except BaseException:  # a worker's error, Ctrl-C (which reaches the workers too)
+            self.forget()
+            _shut_down(it, w.persistent_workers)
+            raise
         finally:
             # On an error, torch's iterator lives on in the traceback's reference cycle and
             # its workers with it, until a GC pass blocks on joining them: stop them now.
             if not w.persistent_workers and hasattr(it, "_shutdown_workers"):
                 it._shutdown_workers()
+
+
+def _shut_down(it: Any, persistent: bool) -> None:
+    """Stop a persistent iterator's workers after an error (a dead worker, an interrupt):
+    kept, every later epoch failed at once with "worker exited unexpectedly"."""
+    if persistent and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()

@@ -111,3 +111,46 @@ def test_a_footer_damaged_after_a_manifest_open_is_named(tmp_path: Path) -> None
     shard.write_bytes(bytes(data))
     with pytest.raises(pqloader.CorruptFileError, match=rf"{shard.name}: row group 0"):
         list(pqloader.DataLoader(ds, batch_size=10, num_workers=0))
+
+
+def _unpicklable(batch: dict[str, Any]) -> dict[str, Any]:
+    batch["scale"] = lambda v: v * 2  # fine in threads; cannot cross to another process
+    return batch
+
+
+def test_a_batch_that_cannot_leave_a_worker_process_is_an_error_not_a_hang(
+        make_dataset: Any) -> None:
+    ds = pqloader.ParquetDataset(make_dataset(1000))
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_type="process",
+                                 transform=_unpicklable)
+    began = time.monotonic()
+    with pytest.raises(TypeError, match="'scale' cannot be sent from a worker process"):
+        list(loader)
+    assert time.monotonic() - began < 30
+
+
+def test_persistent_worker_processes_start_anew_after_one_is_killed(make_dataset: Any) -> None:
+    import os
+    import signal
+
+    import psutil
+
+    ds = pqloader.ParquetDataset(make_dataset(1000))
+    loader = pqloader.DataLoader(ds, batch_size=10, num_workers=2, worker_type="process",
+                                 persistent_workers=True,
+                                 transform=lambda b: (time.sleep(0.01), b)[1])
+    try:
+        it = iter(loader)
+        next(it)
+        workers = [p for p in psutil.Process().children() if "resource_tracker" not in
+                   " ".join(p.cmdline())]
+        os.kill(workers[0].pid, signal.SIGKILL)  # the OOM killer, say
+        with pytest.raises(RuntimeError, match=r"exited unexpectedly|killed"):
+            for _ in it:
+                pass
+        del it
+        for epoch in (1, 2):  # not "worker exited unexpectedly" at once, every epoch
+            loader.set_epoch(epoch)
+            assert sorted(int(i) for b in loader for i in b["id"]) == list(range(1000))
+    finally:
+        del loader

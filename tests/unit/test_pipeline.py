@@ -82,3 +82,18 @@ def _anything(*args: Any) -> Any:
 ])
 def test_transform_arity(transform: Any, arity: int) -> None:
     assert transform_arity(transform) == arity
+
+
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_read_ahead_under_a_budget_waits_for_room_past_the_first_window(ahead: int) -> None:
+    waited: list[bool] = []
+
+    class Budget:  # records whether each read ahead was already needed when it asked
+        def wait_for_room(self, need: int, needed: threading.Event) -> None:
+            waited.append(needed.is_set())
+
+    loads = read_ahead(lambda s: s, list(range(6)), memory=Budget(),  # type: ignore[arg-type]
+                       need_bytes=1, ahead=ahead)
+    for _ in loads:
+        time.sleep(0.01)  # the reads ahead ask while the consumer holds a window
+    assert waited[0] and not any(waited[1:])  # with one ahead, every read was "needed"
