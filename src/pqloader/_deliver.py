@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ._errors import LoaderTimeoutError
-from ._exit import close_at_exit, track
+from ._threads import close_at_exit, track
 
 _POLL_S = 0.1  # how often blocked threads look at the stop flag and at dead peers
 

@@ -76,14 +76,17 @@ class MemoryBudget:
             return 0
         return max(0, rss - self._baseline)
 
-    def wait_for_room(self, need_bytes: int, needed: threading.Event) -> None:
+    def wait_for_room(self, need_bytes: int, needed: threading.Event,
+                      stop: threading.Event | None = None) -> None:
         """Return once ``need_bytes`` more fit in the budget, or at once when ``needed`` is set
-        (the caller waits for what this read makes: reading now is the least that progresses).
+        (the caller waits for what this read makes: reading now is the least that progresses)
+        or ``stop`` is (the interpreter exits).
         """
         if self.used() + need_bytes <= self.budget_bytes:
             return
         pool = pa.default_memory_pool()
         while True:
             pool.release_unused()  # mimalloc and jemalloc keep freed pages until asked
-            if self.used() + need_bytes <= self.budget_bytes or needed.wait(_RECHECK_S):
+            if self.used() + need_bytes <= self.budget_bytes or needed.wait(_RECHECK_S) \
+                    or (stop is not None and stop.is_set()):
                 return

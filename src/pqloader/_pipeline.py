@@ -22,10 +22,10 @@ import torch
 
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import LoaderTimeoutError, PQLoaderError
-from ._exit import track
 from ._memory import MemoryBudget
 from ._plan import Segment, Window, WorkerPlan, advance
 from ._read import FragmentReader
+from ._threads import EXITING, DaemonPool
 
 Columns = dict[str, Any]  # name -> numpy array (numbers) or Arrow array
 ROWS = "__pqloader_rows__"  # the hidden column of global row numbers, when auditing
@@ -179,18 +179,21 @@ def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
     if not windows:
         return
     ahead = max(1, ahead)
+    pool = DaemonPool(ahead, "pqloader-read")
     pending: deque[tuple[Future[_Loaded], threading.Event, Segment]] = deque()
 
     def early(segment: Segment, needed: threading.Event) -> _Loaded:
         if memory is not None:
-            memory.wait_for_room(need_bytes, needed)
+            memory.wait_for_room(need_bytes, needed, EXITING)
+        if EXITING.is_set():  # an abandoned iterator's read ahead: nobody will take it
+            raise RuntimeError("the interpreter is exiting")
         return load(segment)
 
     def submit(segment: Segment) -> None:
         needed = threading.Event()  # set once the consumer waits for this load
         if segment is windows[0]:
             needed.set()  # the first window: the least that makes progress, read at once
-        pending.append((_in_daemon_thread(early, segment, needed), needed, segment))
+        pending.append((pool.submit(early, segment, needed), needed, segment))
 
     todo = iter(windows)
     try:
@@ -214,26 +217,7 @@ def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
         for future, needed, _ in pending:
             future.cancel()  # not started yet: never starts
             needed.set()  # a read ahead waiting for room stops waiting
-
-
-def _in_daemon_thread(fn: Callable[..., _Loaded], *args: Any) -> Future[_Loaded]:
-    """``fn(*args)`` on a daemon thread of its own (one per window: ~0.1 ms against a window's
-    load), not in a ThreadPoolExecutor: the interpreter joins an executor's threads at exit,
-    so a read that never returns (a hung network file system) or that waits for memory room
-    while an abandoned iterator lives on in a traceback would keep the process from exiting.
-    """
-    future: Future[_Loaded] = Future()
-
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    track(threading.Thread(target=run, daemon=True, name="pqloader-read")).start()
-    return future
+        pool.shutdown()  # daemon threads (see _threads.py): a hung read cannot hold the exit
 
 
 def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,

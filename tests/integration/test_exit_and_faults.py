@@ -84,6 +84,21 @@ def test_a_read_that_never_returns_times_out_and_the_process_exits(
     assert seconds < 60  # the exit waits for stuck threads a bounded time only
 
 
+def test_exiting_while_a_read_ahead_waits_for_memory_room_is_prompt(tmp_path: Path) -> None:
+    code, out, seconds = _run(tmp_path, """
+        loader = pqloader.DataLoader(ds, batch_size=16, num_workers="auto", shuffle=True,
+                                     shuffle_window_rows=200, memory_budget_bytes=64 * 2**20)
+        it = iter(loader)  # a global: alive until the interpreter's very end
+        next(it)
+        held = np.ones(200 * 2**20, dtype=np.uint8)  # the training step's memory: no room
+        for _ in range(15):
+            next(it)
+        print("leaving mid-epoch")
+        """)
+    assert code == 0 and "leaving mid-epoch" in out, out
+    assert seconds < 30  # not the exit's bounded wait for busy threads, nor forever
+
+
 def test_a_worker_init_fn_error_is_raised_even_if_no_one_was_waiting(
         make_dataset: Any) -> None:
     def init(index: int) -> None:
@@ -140,10 +155,12 @@ def test_persistent_worker_processes_start_anew_after_one_is_killed(make_dataset
                                  persistent_workers=True,
                                  transform=lambda b: (time.sleep(0.01), b)[1])
     try:
+        before = {p.pid for p in psutil.Process().children()}  # servers of other tests too
         it = iter(loader)
         next(it)
-        workers = [p for p in psutil.Process().children() if "resource_tracker" not in
-                   " ".join(p.cmdline())]
+        workers = [p for p in psutil.Process().children() if p.pid not in before
+                   and "resource_tracker" not in " ".join(p.cmdline())]
+        assert len(workers) == 2
         os.kill(workers[0].pid, signal.SIGKILL)  # the OOM killer, say
         with pytest.raises(RuntimeError, match=r"exited unexpectedly|killed"):
             for _ in it:

@@ -89,7 +89,7 @@ def test_read_ahead_under_a_budget_waits_for_room_past_the_first_window(ahead: i
     waited: list[bool] = []
 
     class Budget:  # records whether each read ahead was already needed when it asked
-        def wait_for_room(self, need: int, needed: threading.Event) -> None:
+        def wait_for_room(self, need: int, needed: threading.Event, stop: Any) -> None:
             waited.append(needed.is_set())
 
     loads = read_ahead(lambda s: s, list(range(6)), memory=Budget(),  # type: ignore[arg-type]
