@@ -243,11 +243,15 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
     ``first_position`` offsets the batch positions that key random transforms.
     """
     rows = columns.pop(ROWS, None)
-    batch = (
-        stages.collate_fn(to_arrow(columns))
-        if stages.collate_fn is not None
-        else to_torch(columns, stages.kinds)
-    )
+    if stages.collate_fn is not None:
+        try:
+            batch = stages.collate_fn(to_arrow(columns))
+        except Exception as exc:
+            exc.add_note(f"in pqloader collate_fn, batch {position} of rank {rank}, "
+                         f"epoch {epoch}")
+            raise
+    else:
+        batch = to_torch(columns, stages.kinds)
     if stages.transform is not None:
         try:
             if stages.arity == 2:

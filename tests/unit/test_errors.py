@@ -315,6 +315,18 @@ def test_failing_transform_names_its_batch(make_dataset: Any) -> None:
     assert "transform" in notes and "epoch 0" in notes
 
 
+def test_failing_collate_fn_names_its_batch(make_dataset: Any) -> None:
+    def collate(batch: pa.RecordBatch) -> Any:
+        raise ValueError("bad collate")
+
+    ds = pqloader.ParquetDataset(make_dataset(200), columns=["id"])
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=0, collate_fn=collate)
+    with pytest.raises(ValueError, match="bad collate") as info:
+        list(loader)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "collate_fn, batch 0" in notes and "epoch 0" in notes
+
+
 @pytest.mark.parametrize(
     "mode",
     [
