@@ -91,6 +91,9 @@ def counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str,
     """Pass batches through, counting rows; a read error names the file it came from."""
     try:
         for batch in batches:
+            for column in batch.columns:  # invalid UTF-8 in a string column, caught here:
+                if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                    column.validate(full=True)  # written, it fails every read after
             rows[0] += batch.num_rows
             yield batch
     except (pa.ArrowException, OSError) as exc:

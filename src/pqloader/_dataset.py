@@ -73,7 +73,9 @@ class ParquetDataset:
         source: a directory (searched recursively; ``_*``, ``.*`` and ``*.crc`` are skipped,
             hive ``key=value`` folders become columns), a glob, a file, or a list of these;
             local paths or URLs of any fsspec filesystem (``s3://bucket/prefix/``, ``gs://``,
-            ``az://``, ``https://``, ``memory://``).
+            ``az://``, ``https://``, ``memory://``). Folders and globs are read in sorted
+            order; a list keeps its own, each file once: give every DDP rank the same list
+            (sort one built with ``os.listdir``, whose order differs between machines).
         columns: the columns to read, in this order; all by default.
         storage_options: options of the URL's fsspec filesystem (credentials, endpoint...).
         filesystem: a ready fsspec or ``pyarrow.fs`` filesystem to read ``source`` paths with.

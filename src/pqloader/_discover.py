@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 from urllib.parse import unquote
 
 import numpy as np
@@ -38,6 +39,7 @@ from ._schema import hive_partition, partition_schema, unify
 from ._sizes import fragment_bytes
 
 _GLOB_CHARS = set("*?[")
+T = TypeVar("T")
 _MAX_FOOTER_THREADS = 32
 
 
@@ -89,6 +91,20 @@ def _walk(root: Path) -> list[Path]:
     return found
 
 
+def _once(items: list[T], key: Callable[[T], str]) -> list[T]:
+    """A list source's files, each once, in the list's order: a file named twice (or a folder
+    and a file in it) would deliver its rows twice an epoch, so that is an error."""
+    seen: dict[str, T] = {}
+    for item in items:
+        k = key(item)
+        if k in seen:
+            raise InvalidArgumentError(
+                f"{item} is in the list of sources twice (or inside a folder also listed); "
+                "its rows would come twice an epoch: list each file once")
+        seen[k] = item
+    return items
+
+
 def _glob(pattern: str) -> list[Path]:
     """Files matching ``pattern``, skipping hidden names in the folders it matched as well
     (Spark's ``_temporary/``), as opening the folder does."""
@@ -131,10 +147,8 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
     if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
         if not source:
             raise EmptyDatasetError("the list of files is empty; pass at least one path")
-        files = []
-        for item in source:
-            files.extend(expand_source(item)[0])
-        return files, None
+        files = [f for item in source for f in expand_source(item)[0]]
+        return _once(files, os.path.realpath), None
     raise TypeError(
         f"source must be a path, a glob or a list of paths, got {type(source).__name__}"
     )
@@ -201,7 +215,8 @@ def _list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | 
     if isinstance(source, (list, tuple)):
         if not source:
             raise EmptyDatasetError("the list of files is empty; pass at least one URL")
-        return [o for item in source for o in _list_remote(item, store)[0]], None, None
+        found = [o for item in source for o in _list_remote(item, store)[0]]
+        return _once(found, lambda o: o.path), None, None
     if not isinstance(source, str):
         raise TypeError(f"source must be a URL or a list of URLs, got {type(source).__name__}")
     native = store.native(source)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from ._errors import InvalidArgumentError, check_positive
+from ._errors import DataError, InvalidArgumentError, check_positive
 from ._inputs import as_batches, conform
 from ._manifest import write_manifest
 
@@ -98,7 +98,10 @@ def write_dataset(
     """
     check_positive("rows_per_file", rows_per_file)
     check_positive("row_group_size", row_group_size)
-    root = Path(path)
+    if "://" in str(path) and not str(path).startswith("file://"):
+        raise InvalidArgumentError(f"{path}: write_dataset writes to a local folder; write "
+                                   "there, then copy the folder to the store")
+    root = Path(str(path).removeprefix("file://"))
     if root.exists() and not root.is_dir():
         raise InvalidArgumentError(f"{root}: exists and is not a directory")
     created = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
@@ -144,6 +147,10 @@ def write_dataset(
 def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
                  row_group_size: int, compression: str, progress: bool | None) -> list[str]:
     schema, batches, total = as_batches(data, row_group_size)
+    twice = sorted({n for n in schema.names if schema.names.count(n) > 1})
+    if twice:  # written, such files could not be read back by name (pqloader, pandas, Spark)
+        raise DataError(f"column {twice[0]!r} appears twice in the input; give each column a "
+                        "name of its own")
     schema = schema.remove_metadata() if schema.metadata and b"pandas" not in schema.metadata \
         else schema
     writer = _ShardWriter(staging, schema, compression)

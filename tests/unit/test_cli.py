@@ -405,3 +405,11 @@ def test_bench_goes_on_into_later_epochs(make_dataset, capsys) -> None:
     code, out, _ = run(capsys, "bench", path, "--batch-size", "100", "--max-batches", "25",
                        "--num-workers", "0", "--no-progress")
     assert code == 0 and out.startswith("2,500 rows in 25 batches of 100 over 3 epochs in ")
+
+
+def test_write_refuses_invalid_utf8_naming_the_file(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "latin.jsonl"
+    src.write_bytes(b'{"name": "caf\xe9"}\n')  # Latin-1, not UTF-8
+    assert main(["write", str(src), str(tmp_path / "out")]) == 1
+    assert "latin.jsonl" in capsys.readouterr().err

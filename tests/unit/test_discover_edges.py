@@ -102,3 +102,12 @@ def test_a_row_group_with_other_rows_than_indexed_is_an_error(tmp_path: Path) ->
     pq.write_table(pa.table({"a": list(range(49))}), shard)  # changed after opening
     with pytest.raises(pqloader.SchemaMismatchError, match=r"holds 49 rows.*index 50"):
         list(pqloader.DataLoader(ds, batch_size=10, num_workers=0))
+
+
+def test_a_file_listed_twice_is_an_error_not_rows_twice(tmp_path: Path) -> None:
+    _write(tmp_path / "ds" / "a.parquet", id=[1, 2])
+    _write(tmp_path / "ds" / "b.parquet", id=[3])
+    a = tmp_path / "ds" / "a.parquet"
+    for source in ([a, a], [tmp_path / "ds", a]):
+        with pytest.raises(pqloader.InvalidArgumentError, match="twice"):
+            pqloader.ParquetDataset(source)

@@ -474,3 +474,15 @@ def test_empty_table_writes_a_readable_empty_dataset(tmp_path: Path) -> None:
     assert len(ds) == 0 and ds.schema.equals(schema)
     assert len(pqloader.DataLoader(ds, batch_size=4)) == 0
     assert list(pqloader.DataLoader(ds, batch_size=4)) == []
+
+
+def test_a_column_named_twice_is_refused(tmp_path: Path) -> None:
+    table = pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"])
+    with pytest.raises(pqloader.DataError, match="'a' appears twice"):
+        pqloader.write_dataset(table, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_url_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(pqloader.InvalidArgumentError, match="writes to a local folder"):
+        pqloader.write_dataset(pa.table({"a": [1]}), "memory://bucket/ds")
