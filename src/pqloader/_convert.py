@@ -71,16 +71,21 @@ def _parquet_batches(source: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], 
     return schema, gen(), ds.files
 
 
+_BLOCK = 16 << 20
+
+
 def open_source(source: str, fmt: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], list[str]]:
     if fmt == "parquet":
         return _parquet_batches(source)
     if not Path(source).is_file():
         raise CommandFailure(f"{source}: no such file (a {fmt} source is one file); "
                              "check the path")
+    # Blocks of 16 MiB, not pyarrow's 1 MiB: a field or a line up to that size reads (a ~3 MB
+    # one failed, "straddles two block boundaries"), and column types are guessed from more rows
     if fmt == "csv":
-        reader = pa_csv.open_csv(source)
+        reader = pa_csv.open_csv(source, read_options=pa_csv.ReadOptions(block_size=_BLOCK))
     elif hasattr(pa_json, "open_json"):
-        reader = pa_json.open_json(source)
+        reader = pa_json.open_json(source, read_options=pa_json.ReadOptions(block_size=_BLOCK))
     else:  # pyarrow < 19 has no streaming JSON reader: the file is read whole
         reader = pa_json.read_json(source).to_reader()
     return reader.schema, iter(reader), [source]

@@ -234,6 +234,14 @@ def test_write_non_parquet_input_fails_naming_it(tmp_path, capsys) -> None:
     assert err.startswith("pqloader: ") and str(src) in err
 
 
+@pytest.fixture
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyarrow's own 1 MiB blocks: a bad row after 100,000 rows lies past the first block,
+    where the types were guessed (pqloader reads 16 MiB blocks, ~1.5M such rows)."""
+    monkeypatch.setattr(pqloader._convert, "_BLOCK", 1 << 20)
+
+
+@pytest.mark.usefixtures("small_blocks")
 def test_write_bad_csv_row_fails_naming_the_file(tmp_path, capsys) -> None:
     src = write_csv(tmp_path / "in.csv", 100_000)
     with src.open("a") as f:
@@ -243,6 +251,7 @@ def test_write_bad_csv_row_fails_naming_the_file(tmp_path, capsys) -> None:
     assert err.startswith(f"pqloader: {src}: ") and "'oops'" in err
 
 
+@pytest.mark.usefixtures("small_blocks")
 @pytest.mark.parametrize("flags", [[], ["--overwrite"]])
 def test_write_failure_says_which_files_it_left(tmp_path, capsys, flags) -> None:
     src, dst = write_csv(tmp_path / "in.csv", 100_000), tmp_path / "out"
@@ -255,6 +264,7 @@ def test_write_failure_says_which_files_it_left(tmp_path, capsys, flags) -> None
     assert left > 0 and f"{dst} keeps {left} files written before the error" in err
 
 
+@pytest.mark.usefixtures("small_blocks")
 def test_write_overwrite_failure_says_the_old_dataset_is_unchanged(tmp_path, capsys) -> None:
     dst = tmp_path / "out"
     assert run(capsys, "write", write_csv(tmp_path / "ok.csv", 5), dst, "--no-progress")[0] == 0
@@ -413,3 +423,13 @@ def test_write_refuses_invalid_utf8_naming_the_file(tmp_path: Path,
     src.write_bytes(b'{"name": "caf\xe9"}\n')  # Latin-1, not UTF-8
     assert main(["write", str(src), str(tmp_path / "out")]) == 1
     assert "latin.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_write_reads_a_field_of_several_megabytes(tmp_path: Path, fmt: str) -> None:
+    big = "x" * (3 << 20)  # past pyarrow's 1 MiB block: it "straddles two block boundaries"
+    src = tmp_path / f"big.{fmt}"
+    src.write_text(f"id,text\n1,{big}\n2,y\n" if fmt == "csv" else
+                   f'{{"id": 1, "text": "{big}"}}\n{{"id": 2, "text": "y"}}\n')
+    assert main(["write", str(src), str(tmp_path / "out")]) == 0
+    assert len(pqloader.ParquetDataset(tmp_path / "out")[0]["text"]) == 3 << 20
