@@ -94,14 +94,13 @@ def _walk(root: Path) -> list[Path]:
 def _once(items: list[T], key: Callable[[T], str]) -> list[T]:
     """A list source's files, each once, in the list's order: a file named twice (or a folder
     and a file in it) would deliver its rows twice an epoch, so that is an error."""
-    seen: dict[str, T] = {}
+    seen: set[str] = set()
     for item in items:
-        k = key(item)
-        if k in seen:
+        if key(item) in seen:
             raise InvalidArgumentError(
                 f"{item} is in the list of sources twice (or inside a folder also listed); "
                 "its rows would come twice an epoch: list each file once")
-        seen[k] = item
+        seen.add(key(item))
     return items
 
 
