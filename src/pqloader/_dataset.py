@@ -15,10 +15,12 @@ from ._cache import Cache
 from ._discover import Discovery, discover, read_footers
 from ._errors import InvalidArgumentError
 from ._fs import make_store
+from ._kept import count_kept
 from ._read import FragmentReader
 from ._retry import RetryPolicy
 
 if TYPE_CHECKING:
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from ._torch import TorchIterable
@@ -77,6 +79,13 @@ class ParquetDataset:
             order; a list keeps its own, each file once: give every DDP rank the same list
             (sort one built with ``os.listdir``, whose order differs between machines).
         columns: the columns to read, in this order; all by default.
+        filter: the rows to read: a ``pyarrow.compute`` expression
+            (``pc.field("split") == "train"``) or the list of ``(column, op, value)`` tuples
+            of ``pyarrow.parquet.read_table(filters=...)``. Rows where it is false or null are
+            left out; it may read columns not in ``columns``. The rows it keeps are counted
+            when the dataset opens, by reading the filter's columns once (nothing, when it
+            reads hive partition folders only), so ``len``, ``ds[i]``, epochs, ranks and
+            resume states are all of the kept rows.
         storage_options: options of the URL's fsspec filesystem (credentials, endpoint...).
         filesystem: a ready fsspec or ``pyarrow.fs`` filesystem to read ``source`` paths with.
         cache: a :class:`pqloader.Cache` (or a directory for one) keeping fetched remote bytes
@@ -95,7 +104,7 @@ class ParquetDataset:
     :class:`pqloader.DataLoader` or :meth:`to_torch`.
     """
 
-    def __init__(self, source: Any, *, columns: Sequence[str] | None = None,
+    def __init__(self, source: Any, *, columns: Sequence[str] | None = None, filter: Any = None,
                  verify_checksums: bool = False, storage_options: dict[str, Any] | None = None,
                  filesystem: Any = None, cache: Cache | str | os.PathLike[str] | None = None,
                  retry: RetryPolicy | None = None) -> None:
@@ -104,8 +113,10 @@ class ParquetDataset:
         store = make_store(source, storage_options, filesystem, retry)
         if cache is not None and not isinstance(cache, Cache):
             cache = Cache(cache)
-        discovery = discover(source, columns, store=store,
+        discovery = discover(source, columns, filter=filter, store=store,
                              cache=cache if store is not None else None)
+        if discovery.filter is not None:
+            discovery = count_kept(discovery)
         self.__setstate__({"discovery": discovery, "verify_checksums": bool(verify_checksums)})
 
     def __getstate__(self) -> dict[str, Any]:
@@ -130,6 +141,13 @@ class ParquetDataset:
         return {f.name: f.type for f in self._discovery.schema}
 
     @property
+    def filter(self) -> pc.Expression | None:
+        """The ``filter=`` expression that picks the rows (a list of tuples as converted), or
+        None."""
+        f = self._discovery.filter
+        return None if f is None else f.expression
+
+    @property
     def files(self) -> list[str]:
         return [f.path for f in self._discovery.files]
 
@@ -150,7 +168,8 @@ class ParquetDataset:
 
     @property
     def num_row_groups(self) -> int:
-        """Non-empty row groups (fragments) across all files."""
+        """Non-empty row groups (fragments) across all files; with a filter, those it keeps
+        rows of."""
         return len(self._discovery.num_rows)
 
     @property
@@ -165,7 +184,9 @@ class ParquetDataset:
 
     def __repr__(self) -> str:
         cols = ", ".join(f"{n}: {t}" for n, t in self.columns.items())
-        return (f"ParquetDataset({len(self):,} rows, {len(self.files)} files, "
+        f = self._discovery.filter
+        kept = "" if f is None else f" kept by filter {f.text}"
+        return (f"ParquetDataset({len(self):,} rows{kept}, {len(self.files)} files, "
                 f"{self.num_row_groups} row groups; {cols})")
 
     # -- map-style access -------------------------------------------------------------------

@@ -7,9 +7,9 @@ import glob
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import numpy as np
@@ -25,6 +25,7 @@ from ._errors import (
     SchemaMismatchError,
 )
 from ._fetch import cached_ranges
+from ._filter import RowFilter
 from ._footers import (
     RowGroups,
     local_footers,
@@ -68,6 +69,13 @@ class Discovery:
     byte_size: np.ndarray  # int64, uncompressed bytes of the whole row group
     store: Store | None = None  # where remote files are read from; None for local files
     cache: Cache | None = None  # the local cache of remote bytes
+    # filter=: the rows read (_filter.py); num_rows counts them once _kept.py has
+    filter: RowFilter | None = None
+
+    def where(self, fragment: int) -> str:
+        """A fragment as errors name it: its file and row group."""
+        path = self.files[int(self.file_index[fragment])].path
+        return f"{path}: row group {int(self.row_group[fragment])}"
 
 
 def _is_hidden(name: str) -> bool:
@@ -173,18 +181,19 @@ def read_footers(entries: Sequence[FileEntry], store: Store | None = None,
 Groups = list[RowGroups]  # per file
 
 
-def discover(source: object, columns: Sequence[str] | None = None, *,
+def discover(source: object, columns: Sequence[str] | None = None, *, filter: Any = None,
              store: Store | None = None, cache: Cache | None = None) -> Discovery:
     """Open a source: list its files, read their footers in parallel, build the index.
 
     ``store`` is given for remote sources (URLs, or a user's filesystem); its footers and
-    data go through ``cache`` when one is given.
+    data go through ``cache`` when one is given. A ``filter`` is checked against the columns
+    and kept in the index; its rows are not counted here (no data is read here).
     """
     if store is None:
         entries, schemas, groups = _open_local(source)
     else:
         entries, schemas, groups = _open_remote(source, store, cache)
-    return _index(entries, schemas, groups, columns, store, cache)
+    return _index(entries, schemas, groups, columns, filter, store, cache)
 
 
 def _open_local(source: object) -> tuple[list[FileEntry], list[tuple[str, pa.Schema]], Groups]:
@@ -279,7 +288,7 @@ def _open_remote(source: object, store: Store, cache: Cache | None
 
 
 def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], groups: Groups,
-           columns: Sequence[str] | None, store: Store | None, cache: Cache | None
+           columns: Sequence[str] | None, filter: Any, store: Store | None, cache: Cache | None
            ) -> Discovery:
     """The fragment index and the unified, projected schema of opened files."""
     part_schema = partition_schema(entries)
@@ -300,10 +309,19 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
                 f"column {field.name!r} is both a hive partition folder and a column in "
                 f"{clash}; rename one of them"
             )
+    row_filter = None
+    if filter is not None:  # every file holds the first's columns, or unify says which lacks
+        row_filter = RowFilter.of(filter, pa.schema([*schemas[0][1], *part_schema]))
+        if file_cols is not None:  # the filter's columns are read and unified, not shown
+            file_cols += [c for c in row_filter.columns
+                          if c not in file_cols and c not in part_schema.names]
     schema = unify(schemas, file_cols)
     wanted = columns if columns is not None else [*schema.names, *part_schema.names]
     full = pa.schema([*schema, *part_schema])
     schema = pa.schema([full.field(n) for n in wanted])
+    if row_filter is not None:  # the unified types (a column nullable in some file)
+        row_filter = replace(row_filter,
+                             schema=pa.schema([full.field(n) for n in row_filter.columns]))
 
     file_index, row_group, num_rows, byte_size = [], [], [], []
     for i, (rows, sizes, per_row) in enumerate(groups):
@@ -324,4 +342,5 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
         byte_size=np.asarray(byte_size, dtype=np.int64),
         store=store,
         cache=cache,
+        filter=row_filter,
     )

@@ -4,12 +4,12 @@
 
     PQLoaderError
     ├── DatasetNotFoundError   (FileNotFoundError)  a path that does not exist
-    ├── EmptyDatasetError      (FileNotFoundError)  a directory or glob with no Parquet files
+    ├── EmptyDatasetError      (FileNotFoundError)  no Parquet files, or no row the filter keeps
     ├── CorruptFileError       (OSError)            not Parquet, truncated, or a corrupt page
     ├── SchemaMismatchError    (ValueError)         two files disagree on a column
     ├── ColumnNotFoundError    (KeyError)           a column asked for that the data lacks
     ├── InvalidArgumentError   (ValueError)         an argument out of range
-    ├── DataError              (ValueError)         values no batch can hold (int nulls)
+    ├── DataError              (ValueError)         values no batch or filter can take
     ├── StateMismatchError     (ValueError)         a saved state of another dataset or settings
     ├── LoaderTimeoutError     (TimeoutError)       no batch within ``timeout`` seconds
     └── RemoteIOError          (OSError)            a remote read that failed for good
@@ -29,7 +29,7 @@ class DatasetNotFoundError(PQLoaderError, FileNotFoundError):
 
 
 class EmptyDatasetError(PQLoaderError, FileNotFoundError):
-    """A directory, glob or list that holds no Parquet file."""
+    """A directory, glob or list that holds no Parquet file, or no row its filter keeps."""
 
 
 class CorruptFileError(PQLoaderError, OSError):

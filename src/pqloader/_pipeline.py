@@ -119,12 +119,7 @@ class Stages:
 
     def describe(self, window: Window) -> str:
         """The files and row groups a window reads, for error messages."""
-        d = self.reader.discovery
-        parts = [
-            f"{d.files[int(d.file_index[s.fragment])].path} row group "
-            f"{int(d.row_group[s.fragment])}" for s in window.slices
-        ]
-        return "; ".join(parts)
+        return "; ".join(self.reader.discovery.where(s.fragment) for s in window.slices)
 
 
 def _slice(values: Any, start: int, stop: int) -> Any:

@@ -50,7 +50,11 @@ class FragmentReader:
         # data buffers, unlike an open file); dict reads and writes are atomic across threads.
         self._footers: dict[int, pq.FileMetaData] = {}
         parts = set(discovery.partition_schema.names)
-        self._file_columns = [n for n in discovery.schema.names if n not in parts]
+        wanted = list(discovery.schema.names)  # and the filter's, read to apply it
+        if discovery.filter is not None:
+            wanted += [n for n in discovery.filter.columns if n not in wanted]
+        self._file_columns = [n for n in wanted if n not in parts]
+        self._partitions = [f for f in discovery.partition_schema if f.name in wanted]
         self._leaves: dict[int, list[int]] = {}  # per file: Parquet leaf columns to read
 
     def __getstate__(self) -> dict[str, object]:
@@ -117,19 +121,16 @@ class FragmentReader:
                 f"{entry.path}: row group {row_group} does not decode ({exc}); the file is "
                 "corrupt or truncated: rewrite it or remove it from the dataset"
             ) from exc
+        for field, column in partition_columns(entry, self._partitions, table.num_rows):
+            table = table.append_column(field, column)
+        if d.filter is not None:
+            table = d.filter.apply(table, f"{entry.path}: row group {row_group}")
         expected = int(d.num_rows[fragment])
         if table.num_rows != expected:  # else rows would be lost or repeated, unseen
+            kept = "" if d.filter is None else " kept by the filter"
             raise SchemaMismatchError(
-                f"{entry.path}: row group {row_group} holds {table.num_rows} rows, the "
+                f"{entry.path}: row group {row_group} holds {table.num_rows} rows{kept}, the "
                 f"dataset's index {expected}; {_CHANGED}")
-        if d.partition_schema.names:
-            n = table.num_rows
-            values = dict(entry.partition)
-            for field in d.partition_schema:
-                if d.schema.get_field_index(field.name) >= 0:
-                    raw = values[field.name]
-                    value = int(raw) if raw is not None and pa.types.is_integer(field.type) else raw
-                    table = table.append_column(field, pa.repeat(pa.scalar(value, field.type), n))
         try:
             if table.schema.names != d.schema.names:
                 table = table.select(d.schema.names)
@@ -215,6 +216,18 @@ class FragmentReader:
                 first += n
             self._leaves[file_index] = leaves
         return leaves
+
+
+def partition_columns(entry: FileEntry, fields: Sequence[pa.Field], num_rows: int
+                      ) -> list[tuple[pa.Field, pa.Array]]:
+    """A file's hive partition values, typed, as ``num_rows`` long columns."""
+    values = dict(entry.partition)
+    out = []
+    for field in fields:
+        raw = values[field.name]
+        value = int(raw) if raw is not None and pa.types.is_integer(field.type) else raw
+        out.append((field, pa.repeat(pa.scalar(value, field.type), num_rows)))
+    return out
 
 
 def _chunk_range(col: Any, file_size: int) -> Range:

@@ -44,7 +44,8 @@ class Cursor:
 
 
 def fingerprint(discovery: Discovery) -> dict[str, Any]:
-    """What identifies a dataset's content: file names (relative), sizes, row groups, schema.
+    """What identifies a dataset's content: file names (relative), sizes, row groups, schema,
+    filter.
 
     Names are taken relative to the files' common folder, so a dataset moved or mounted
     elsewhere still matches. Built from the index, so it needs no footer.
@@ -57,6 +58,8 @@ def fingerprint(discovery: Discovery) -> dict[str, Any]:
     for array in (discovery.file_index, discovery.row_group, discovery.num_rows):
         digest.update(array.astype("<i8").tobytes())
     digest.update(str(discovery.schema).encode())
+    if discovery.filter is not None:  # two filters may keep as many rows, not the same ones
+        digest.update(f"filter {discovery.filter.text}".encode())
     return {"files": len(paths), "rows": int(discovery.num_rows.sum()),
             "digest": digest.hexdigest()[:32]}
 

@@ -1,0 +1,195 @@
+"""filter=: the rows kept, counted at open, and everything built on the counts; pyarrow's own
+filtered read is the oracle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import pqloader
+from pqloader import _read
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    """1,000 rows in 4 files of 100-row groups: ``id``, ``x``, ``label`` = id % 7, and ``score``
+    with a null every 10th row."""
+    rows = 1000
+    ids = np.arange(rows, dtype=np.int64)
+    table = pa.table({
+        "id": ids,
+        "x": np.random.default_rng(0).random(rows, dtype=np.float32),
+        "label": ids % 7,
+        "score": pa.array([None if i % 10 == 0 else float(i % 13) for i in range(rows)]),
+    })
+    out = tmp_path / "ds"
+    pqloader.write_dataset(table, out, rows_per_file=300, row_group_size=100)
+    return out
+
+
+def _oracle(path: Path, expression: pc.Expression) -> list[int]:
+    """The ids pyarrow's own filtered read keeps, in file order."""
+    files = sorted(path.glob("*.parquet"))
+    return pa.concat_tables(pq.read_table(f, filters=expression) for f in files)["id"].to_pylist()
+
+
+def _ids(ds: pqloader.ParquetDataset) -> list[int]:
+    return [row["id"] for row in ds.__getitems__(list(range(len(ds))))]
+
+
+@pytest.mark.parametrize("expression", [
+    pc.field("label") == 3,
+    (pc.field("label") < 2) | (pc.field("x") > 0.9),
+    pc.field("score") > 6,  # nulls: left out, as pyarrow and SQL's WHERE leave them
+    pc.field("score").is_null(),
+    ~pc.field("id").isin([5, 500, 999]),
+])
+def test_rows_kept_are_pyarrows(path: Path, expression: pc.Expression) -> None:
+    ds = pqloader.ParquetDataset(path, filter=expression)
+    expected = _oracle(path, expression)
+    assert len(ds) == len(expected) == int(ds.fragment_rows.sum())
+    assert _ids(ds) == expected  # file order, ds[i] and __getitems__ alike
+    assert ds[len(ds) - 1]["id"] == expected[-1]
+    assert ds.filter.equals(expression)
+
+
+def test_dnf_tuples_as_pyarrow_takes_them(path: Path) -> None:
+    dnf = [[("label", "=", 3), ("x", ">", 0.5)], [("id", "in", [0, 1, 2])]]
+    ds = pqloader.ParquetDataset(path, filter=dnf)
+    assert _ids(ds) == _oracle(path, pq.filters_to_expression(dnf))
+
+
+def test_a_filter_reads_columns_it_does_not_show(path: Path) -> None:
+    ds = pqloader.ParquetDataset(path, columns=["x"], filter=pc.field("label") == 3)
+    assert list(ds.columns) == ["x"]
+    assert list(ds[0]) == ["x"]
+    loader = pqloader.DataLoader(ds, batch_size=32)
+    assert all(list(batch) == ["x"] for batch in loader)
+    assert sum(len(batch["x"]) for batch in loader) == len(_oracle(path, pc.field("label") == 3))
+
+
+def test_row_groups_left_with_no_row_leave_the_index(path: Path) -> None:
+    ds = pqloader.ParquetDataset(path, filter=pc.field("id") < 250)
+    assert ds.fragment_rows.tolist() == [100, 100, 50]
+    assert ds.num_row_groups == 3
+    assert len(ds.files) == 4  # the files are the dataset's still
+    assert "250 rows kept by filter (id < 250)" in repr(ds)
+
+
+def test_a_filter_keeping_nothing_is_an_error(path: Path) -> None:
+    with pytest.raises(pqloader.EmptyDatasetError, match=r"filter \(label == 9\) keeps none of "
+                       r"the 1,000 rows of 4 files"):
+        pqloader.ParquetDataset(path, filter=pc.field("label") == 9)
+
+
+def test_bad_filters_are_named(path: Path) -> None:
+    with pytest.raises(pqloader.ColumnNotFoundError, match=r"reads column 'lable', which the "
+                       r"dataset does not have; it has \['id', 'x', 'label', 'score'\]") as info:
+        pqloader.ParquetDataset(path, filter=pc.field("lable") == 3)
+    assert isinstance(info.value, KeyError)
+    with pytest.raises(pqloader.InvalidArgumentError, match=r"filter \(label > \"a\"\) does not "
+                       "fit the columns' types"):
+        pqloader.ParquetDataset(path, filter=pc.field("label") > "a")
+    with pytest.raises(pqloader.InvalidArgumentError, match="must evaluate to bool"):
+        pqloader.ParquetDataset(path, filter=pc.field("label") + 1)
+    with pytest.raises(pqloader.InvalidArgumentError, match=r"\(column, op, value\) tuples"):
+        pqloader.ParquetDataset(path, filter=[("label", "~", 3)])
+    for value in ("label == 3", 3, []):
+        with pytest.raises(pqloader.InvalidArgumentError, match=r"pyarrow\.compute expression"):
+            pqloader.ParquetDataset(path, filter=value)
+
+
+def test_a_filter_failing_on_values_names_the_row_group(path: Path) -> None:
+    overflow = pc.multiply_checked(pc.field("id"), 2**62) > 0  # overflows from id 2
+    with pytest.raises(pqloader.DataError, match=r"part-00000.parquet: row group 0: filter "
+                       r".* failed on its values"):
+        pqloader.ParquetDataset(path, filter=overflow)
+
+
+def test_hive_partition_filters_read_no_data(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    for year in (2023, 2024):
+        for split in ("train", "test"):
+            folder = tmp_path / f"year={year}" / f"split={split}"
+            folder.mkdir(parents=True)
+            ids = np.arange(100) + 1000 * (year - 2023) + (500 if split == "test" else 0)
+            pq.write_table(pa.table({"id": ids, "v": ids % 3}), folder / "part-0.parquet",
+                           row_group_size=40)
+    reads: list[int] = []
+    real = _read.FragmentReader.read
+    monkeypatch.setattr(_read.FragmentReader, "read",
+                        lambda self, i: reads.append(i) or real(self, i))
+    ds = pqloader.ParquetDataset(tmp_path, filter=(pc.field("year") == 2024) &
+                                 (pc.field("split") == "train"))
+    assert reads == []  # decided from the folders
+    assert sorted(_ids(ds)) == list(range(1000, 1100))
+    assert ds[0]["year"] == 2024 and ds[0]["split"] == "train"
+
+    mixed = pqloader.ParquetDataset(tmp_path, columns=["id"],
+                                    filter=(pc.field("split") == "test") & (pc.field("v") == 0))
+    assert reads  # a file column: read
+    assert sorted(_ids(mixed)) == [i for i in [*range(500, 600), *range(1500, 1600)] if i % 3 == 0]
+
+
+def test_a_file_changed_under_its_filter_is_named(path: Path) -> None:
+    ds = pqloader.ParquetDataset(path, filter=pc.field("label") == 3)
+    first = path / "part-00000.parquet"
+    table = pq.read_table(first)
+    label = pc.if_else(pc.less(table["id"], 100), pa.scalar(3, pa.int64()), table["label"])
+    pq.write_table(table.set_column(2, "label", label), first, row_group_size=100)
+    with pytest.raises(pqloader.SchemaMismatchError, match=r"part-00000.parquet: row group 0 "
+                       "holds 100 rows kept by the filter, the dataset's index 14"):
+        ds[0]
+
+
+def test_resume_states_know_the_filter(path: Path) -> None:
+    keep = pc.field("label") == 3
+    loader = pqloader.DataLoader(pqloader.ParquetDataset(path, filter=keep), batch_size=16,
+                                 shuffle=True, seed=1)
+    seen = []
+    for batch in loader:
+        seen += batch["id"].tolist()
+        if len(seen) >= 64:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    other = pqloader.DataLoader(pqloader.ParquetDataset(path, filter=pc.field("label") == 4),
+                                batch_size=16, shuffle=True, seed=1)
+    with pytest.raises(pqloader.StateMismatchError, match="dataset"):
+        other.load_state_dict(state)
+    unfiltered = pqloader.DataLoader(pqloader.ParquetDataset(path), batch_size=16,
+                                     shuffle=True, seed=1)
+    with pytest.raises(pqloader.StateMismatchError, match="dataset"):
+        unfiltered.load_state_dict(state)
+    same = pqloader.DataLoader(pqloader.ParquetDataset(path, filter=[("label", "=", 3)]),
+                               batch_size=16, shuffle=True, seed=1)
+    same.load_state_dict(state)
+    rest = [i for batch in same for i in batch["id"].tolist()]
+    assert sorted(seen + rest) == _oracle(path, keep)
+
+
+def test_remote_filter(path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")
+    for f in sorted(path.glob("*.parquet")):
+        memory.pipe(f"/filtered/{f.name}", f.read_bytes())
+    keep = (pc.field("label") == 3) & pc.field("score").is_valid()
+    ds = pqloader.ParquetDataset("memory://filtered/", columns=["id"], filter=keep)
+    assert _ids(ds) == _oracle(path, keep)
+    batches = pqloader.DataLoader(ds, batch_size=8, shuffle=True, seed=0, num_workers=2)
+    assert sorted(i for b in batches for i in b["id"].tolist()) == _oracle(path, keep)
+
+
+def test_filter_columns_unify_across_files(tmp_path: Path) -> None:
+    """A filter column 'not null' in one file and nullable in another is read from both."""
+    required = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    pq.write_table(pa.table({"id": [1, 2, 3]}, schema=required), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [4, None, 6]}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"id": [7, 8]}), tmp_path / "c.parquet")
+    ds = pqloader.ParquetDataset(tmp_path, filter=pc.field("id") > 3)
+    assert [r["id"] for r in ds.__getitems__(range(len(ds)))] == [4, 6, 7, 8]
