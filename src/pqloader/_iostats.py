@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
-import os
-import sys
-import threading
 from typing import Any
 
 _COUNTERS = ("requests", "bytes", "retries", "throttled", "timeouts", "cache_hits",
              "cache_misses", "cache_corrupt")
-_ROWS = 1024  # row 0: the process that opened the dataset; then one per worker process
 
 
 class IOStats:
-    """What a store's IO did, for ``ds.io_stats()``: thread-safe counters in shared memory.
+    """What a store's IO did, for ``ds.io_stats()``: counters in shared memory.
 
-    Row 0 counts the process that made the store (its worker threads too). A worker process,
-    forked or spawned with the dataset, counts in a row of its own in the same memory (torch's
-    worker id picks it; else the process id), so the parent's totals include its workers'. The
-    counters:
+    The process that made the store and its worker processes, forked or spawned with the
+    dataset, add to the same counters, under one lock that they share: so the parent's totals
+    include its workers', and no count is lost to two processes adding at once (rows per
+    process, picked by torch's worker id, collided between two loaders' workers 0). The lock
+    comes from the ``spawn`` context, which can be handed to a process however it starts; a
+    ``fork`` one cannot be passed to a spawned process. The counters:
 
     - ``requests``: GETs that returned data (retries not counted here); ``bytes`` fetched;
     - ``retries``: requests repeated after a transient error; ``throttled``: of which the store
@@ -32,49 +30,31 @@ class IOStats:
     ``concurrency``, the adaptive request limit now, is this process's own.
     """
 
-    def __init__(self, values: Any = None, owner: int | None = None) -> None:
+    def __init__(self, values: Any = None, lock: Any = None) -> None:
         self._values = values if values is not None else \
-            multiprocessing.RawArray("q", _ROWS * len(_COUNTERS))
-        self._owner = os.getpid() if owner is None else owner
+            multiprocessing.RawArray("q", len(_COUNTERS))
+        self._lock = lock if lock is not None else multiprocessing.get_context("spawn").Lock()
         self.concurrency = 0
-        self._attach()
-
-    def _attach(self) -> None:
-        """Count in this process's row, with a lock of this process (not a forked copy)."""
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        slot = 0 if self._pid == self._owner else 1 + _worker_slot() % (_ROWS - 1)
-        self._base = slot * len(_COUNTERS)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Shared memory passes only to a process being started (spawn, forkserver); any other
-        # copy (a pickled dataset) counts on its own.
+        # Shared memory and locks pass only to a process being started (spawn, forkserver);
+        # any other copy (a pickled dataset) counts on its own.
         spawning = multiprocessing.context.get_spawning_popen() is not None
         return {"values": self._values if spawning else None,
-                "owner": self._owner if spawning else None}
+                "lock": self._lock if spawning else None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["values"], state["owner"])  # type: ignore[misc]
-        self._pid = -1  # pick the row at the first count: torch's worker id is not set yet
+        self.__init__(state["values"], state["lock"])  # type: ignore[misc]
 
     def add(self, **counts: int) -> None:
-        if self._pid != os.getpid():  # forked
-            self._attach()
         with self._lock:
             for name, n in counts.items():
-                self._values[self._base + _COUNTERS.index(name)] += n
+                self._values[_COUNTERS.index(name)] += n
 
     def as_dict(self) -> dict[str, int]:
-        """Every process's counts added up, and this process's ``concurrency``."""
-        width = len(_COUNTERS)
-        values = self._values[:]  # one copy: a worker adding meanwhile cannot tear a row
-        out = {name: sum(values[i::width]) for i, name in enumerate(_COUNTERS)}
+        """The counts of this process and its workers, and this process's ``concurrency``."""
+        with self._lock:
+            values = self._values[:]
+        out = dict(zip(_COUNTERS, values, strict=True))
         out["concurrency"] = self.concurrency
         return out
-
-
-def _worker_slot() -> int:
-    """torch's worker id in one of its worker processes, else the process id."""
-    data = sys.modules.get("torch.utils.data")
-    info = data.get_worker_info() if data is not None else None
-    return int(info.id) if info is not None else os.getpid()
