@@ -1,15 +1,13 @@
-"""Sources to fragments: expand paths and URLs, read every footer in parallel (``_footers.py``),
-index them."""
+"""Sources to fragments: their files (``_sources.py``), every footer read in parallel
+(``_footers.py``), one fragment index and one schema."""
 
 from __future__ import annotations
 
-import glob
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
@@ -19,8 +17,6 @@ import pyarrow.parquet as pq
 from ._cache import Cache
 from ._errors import (
     ColumnNotFoundError,
-    DatasetNotFoundError,
-    EmptyDatasetError,
     InvalidArgumentError,
     SchemaMismatchError,
 )
@@ -34,13 +30,11 @@ from ._footers import (
     row_groups,
 )
 from ._fs import ObjectInfo, Store
-from ._manifest import NAME as MANIFEST_NAME
 from ._manifest import match_manifest, read_manifest
 from ._schema import hive_partition, partition_schema, unify
 from ._sizes import fragment_bytes
+from ._sources import expand_source, list_remote
 
-_GLOB_CHARS = set("*?[")
-T = TypeVar("T")
 _MAX_FOOTER_THREADS = 32
 
 
@@ -76,89 +70,6 @@ class Discovery:
         """A fragment as errors name it: its file and row group."""
         path = self.files[int(self.file_index[fragment])].path
         return f"{path}: row group {int(self.row_group[fragment])}"
-
-
-def _is_hidden(name: str) -> bool:
-    # The convention of Spark, Hive and pyarrow.dataset: _SUCCESS, _metadata, .crc are not data.
-    return name.startswith(("_", ".")) or name.endswith(".crc")
-
-
-def _walk(root: Path) -> list[Path]:
-    """Data files below ``root``, folders that are symbolic links included (a dataset
-    assembled from links to runs' outputs); a link back up the tree is followed once."""
-    found: list[Path] = []
-    seen: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in seen:  # a loop of links, or two links to one folder: read it once
-            dirnames[:] = []
-            continue
-        seen.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
-        found.extend(Path(dirpath) / f for f in sorted(filenames) if not _is_hidden(f))
-    return found
-
-
-def _once(items: list[T], key: Callable[[T], str]) -> list[T]:
-    """A list source's files, each once, in the list's order: a file named twice (or a folder
-    and a file in it) would deliver its rows twice an epoch, so that is an error."""
-    seen: set[str] = set()
-    for item in items:
-        if key(item) in seen:
-            raise InvalidArgumentError(
-                f"{item} is in the list of sources twice (or inside a folder also listed); "
-                "its rows would come twice an epoch: list each file once")
-        seen.add(key(item))
-    return items
-
-
-def _glob(pattern: str) -> list[Path]:
-    """Files matching ``pattern``, skipping hidden names in the folders it matched as well
-    (Spark's ``_temporary/``), as opening the folder does."""
-    fixed = len(os.path.dirname(pattern[:min(pattern.find(c) for c in _GLOB_CHARS
-                                               if c in pattern)]))
-    out = []
-    for match in sorted(glob.glob(pattern, recursive=True)):
-        below = match[fixed:].split(os.sep)
-        if os.path.isfile(match) and not any(_is_hidden(part) for part in below if part):
-            out.append(Path(match))
-    return out
-
-
-def expand_source(source: object) -> tuple[list[Path], Path | None]:
-    """Turn a directory, a glob, a file or a list of those into sorted files.
-
-    Returns the files and the root directory below which hive ``key=value`` folders are parsed
-    (``None`` when the source is not a single directory).
-    """
-    if isinstance(source, (str, os.PathLike)):
-        text = os.fspath(source)
-        text = text.removeprefix("file://")
-        if _GLOB_CHARS & set(text) and not os.path.exists(text):  # "exp[1]/" is a folder
-            files = _glob(text)
-            if not files:
-                raise EmptyDatasetError(f"{text}: the glob matches no file")
-            return files, None
-        path = Path(text)
-        if path.is_dir():
-            files = _walk(path)
-            if not files:
-                raise EmptyDatasetError(
-                    f"{path}: the directory holds no data file (names starting with '_' or '.' "
-                    "and '.crc' files are skipped)"
-                )
-            return files, path
-        if path.is_file():
-            return [path], None
-        raise DatasetNotFoundError(f"{path}: no such file or directory")
-    if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
-        if not source:
-            raise EmptyDatasetError("the list of files is empty; pass at least one path")
-        files = [f for item in source for f in expand_source(item)[0]]
-        return _once(files, os.path.realpath), None
-    raise TypeError(
-        f"source must be a path, a glob or a list of paths, got {type(source).__name__}"
-    )
 
 
 def read_footers(entries: Sequence[FileEntry], store: Store | None = None,
@@ -216,46 +127,9 @@ def _open_local(source: object) -> tuple[list[FileEntry], list[tuple[str, pa.Sch
     return entries, schemas, groups
 
 
-def _list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | None,
-                                                        ObjectInfo | None]:
-    """The data objects of a remote source, its root folder (for hive partitions and the
-    manifest; ``None`` unless the source is one folder) and its manifest object, if any."""
-    if isinstance(source, (list, tuple)):
-        if not source:
-            raise EmptyDatasetError("the list of files is empty; pass at least one URL")
-        found = [o for item in source for o in _list_remote(item, store)[0]]
-        return _once(found, lambda o: o.path), None, None
-    if not isinstance(source, str):
-        raise TypeError(f"source must be a URL or a list of URLs, got {type(source).__name__}")
-    native = store.native(source)
-    globbing = set("*[") if native.startswith(("http://", "https://")) else _GLOB_CHARS
-    if globbing & set(native):
-        found = [o for o in store.glob(native) if not _is_hidden(o.path.rsplit("/", 1)[-1])]
-        if not found:
-            raise EmptyDatasetError(f"{source}: the glob matches no file")
-        return found, None, None
-    # A URL ending in "/" names a folder: listed at once, without a request to ask whether
-    # it is one (a round trip per open: 70 ms through bench_remote's proxy).
-    if not source.endswith("/") and not store.isdir(native):
-        return [store.info(native)], None, None
-    root = native.rstrip("/")
-    data, manifest = [], None
-    for obj in store.find(root):
-        rel = obj.path[len(root) + 1:] if obj.path.startswith(root + "/") else obj.path
-        if rel == MANIFEST_NAME:
-            manifest = obj
-        elif not any(_is_hidden(part) for part in rel.split("/")):
-            data.append(obj)
-    if not data:
-        raise EmptyDatasetError(
-            f"{source}: the folder is missing or holds no data file (names starting with '_' "
-            "or '.' and '.crc' files are skipped)")
-    return data, root, manifest
-
-
 def _open_remote(source: object, store: Store, cache: Cache | None
                  ) -> tuple[list[FileEntry], list[tuple[str, pa.Schema]], Groups]:
-    objects, root, manifest_obj = _list_remote(source, store)
+    objects, root, manifest_obj = list_remote(source, store)
     if any(o.size <= 0 for o in objects):  # listings without sizes (HTTP): ask each object
         with ThreadPoolExecutor(min(_MAX_FOOTER_THREADS, len(objects))) as pool:
             objects = list(pool.map(lambda o: o if o.size > 0 else store.info(o.path), objects))
