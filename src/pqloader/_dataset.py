@@ -83,9 +83,9 @@ class ParquetDataset:
             (``pc.field("split") == "train"``) or the list of ``(column, op, value)`` tuples
             of ``pyarrow.parquet.read_table(filters=...)``. Rows where it is false or null are
             left out; it may read columns not in ``columns``. The rows it keeps are counted
-            when the dataset opens, by reading the filter's columns once (nothing, when it
-            reads hive partition folders only), so ``len``, ``ds[i]``, epochs, ranks and
-            resume states are all of the kept rows.
+            when the dataset opens, by reading the filter's columns once (not those of row
+            groups that the footers' statistics or the hive folders rule out), so ``len``,
+            ``ds[i]``, epochs, ranks and resume states are all of the kept rows.
         storage_options: options of the URL's fsspec filesystem (credentials, endpoint...).
         filesystem: a ready fsspec or ``pyarrow.fs`` filesystem to read ``source`` paths with.
         cache: a :class:`pqloader.Cache` (or a directory for one) keeping fetched remote bytes

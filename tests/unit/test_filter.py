@@ -193,3 +193,50 @@ def test_filter_columns_unify_across_files(tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": [7, 8]}), tmp_path / "c.parquet")
     ds = pqloader.ParquetDataset(tmp_path, filter=pc.field("id") > 3)
     assert [r["id"] for r in ds.__getitems__(range(len(ds)))] == [4, 6, 7, 8]
+
+
+def _spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The row groups read from now on, as ``folder/file:row_group``."""
+    reads: list[str] = []
+    real = _read.FragmentReader.read
+
+    def read(self: _read.FragmentReader, i: int) -> pa.Table:
+        d = self.discovery
+        file = Path(d.files[int(d.file_index[i])].path)
+        reads.append(f"{file.parent.name}/{file.name}:{int(d.row_group[i])}")
+        return real(self, i)
+
+    monkeypatch.setattr(_read.FragmentReader, "read", read)
+    return reads
+
+
+def test_statistics_spare_the_reads_of_row_groups_ruled_out(
+        path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = _spy_reads(monkeypatch)
+    ds = pqloader.ParquetDataset(path, filter=(pc.field("id") >= 950) | (pc.field("id") < 20))
+    assert reads == ["ds/part-00000.parquet:0", "ds/part-00003.parquet:0"]  # ids sorted
+    assert _ids(ds) == [*range(20), *range(950, 1000)]
+
+
+def test_without_statistics_every_row_group_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = np.arange(300)
+    pq.write_table(pa.table({"id": ids}), tmp_path / "a.parquet", row_group_size=100,
+                   write_statistics=False)
+    reads = _spy_reads(monkeypatch)
+    ds = pqloader.ParquetDataset(tmp_path, filter=pc.field("id") >= 250)
+    assert reads == [f"{tmp_path.name}/a.parquet:{i}" for i in range(3)]
+    assert _ids(ds) == list(range(250, 300))
+
+
+def test_a_files_folders_rule_out_its_row_groups(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for split in ("test", "train"):
+        (tmp_path / f"split={split}").mkdir()
+        pq.write_table(pa.table({"id": np.arange(200) + (0 if split == "test" else 1000)}),
+                       tmp_path / f"split={split}" / "part.parquet", row_group_size=100)
+    reads = _spy_reads(monkeypatch)
+    ds = pqloader.ParquetDataset(tmp_path, filter=(pc.field("split") == "train") &
+                                 (pc.bit_wise_and(pc.field("id"), 1) == 0))
+    assert reads == ["split=train/part.parquet:0", "split=train/part.parquet:1"]
+    assert _ids(ds) == list(range(1000, 1200, 2))
