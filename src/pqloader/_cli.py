@@ -15,7 +15,16 @@ import pyarrow as pa
 
 import pqloader
 
-from ._convert import CODECS, FORMATS, HINTS, CommandFailure, counted, guess_format, open_source
+from ._convert import (
+    CODECS,
+    FORMATS,
+    HINTS,
+    CommandFailure,
+    column_type,
+    counted,
+    guess_format,
+    open_source,
+)
 from ._inspect import human_bytes, inspect_dataset, print_inspect
 
 _WRITE_DEFAULTS = {name: p.default  # one source of truth: write_dataset's own defaults
@@ -38,7 +47,8 @@ def _cmd_write(args: argparse.Namespace) -> int:
     source = args.src.removeprefix("file://")
     fmt = args.format or guess_format(source)
     try:
-        schema, batches, inputs = open_source(source, fmt)
+        typed = dict(args.column_type or [])
+        schema, batches, inputs = open_source(source, fmt, typed, args.encoding)
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, pqloader.PQLoaderError):
             raise
@@ -50,7 +60,8 @@ def _cmd_write(args: argparse.Namespace) -> int:
         raise CommandFailure(f"{args.dst} and {source} overlap; write outside the input, or "
                        "reading either later would see the other", code=2)
     rows = [0]
-    stream = pa.RecordBatchReader.from_batches(schema, counted(batches, source, fmt, rows))
+    stream = pa.RecordBatchReader.from_batches(schema, counted(batches, source, fmt, rows,
+                                                               typed))
     # --overwrite over a dataset writes the new files aside and swaps them in only at the end
     replacing = args.overwrite and any(Path(args.dst).glob("part-*.parquet"))
     try:
@@ -234,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     wr.add_argument("--row-group-size", type=_positive_int, metavar="N",
                     help="rows in each row group, the unit of reading (default: %(default)s)")
     wr.add_argument("--compression", choices=CODECS, type=str.lower, help="(default: %(default)s)")
+    wr.add_argument("--column-type", type=column_type, action="append", metavar="NAME=TYPE",
+                    help="a CSV or JSON column's type (int64, uint64, string...), not guessed; "
+                         "repeat for more columns")
+    wr.add_argument("--encoding", help="a CSV file's text encoding (default: utf8)")
     wr.add_argument("--overwrite", action="store_true", help="replace part-*.parquet in DST")
     wr.add_argument("--no-progress", action="store_true", help="no progress bar")
     wr.set_defaults(run=_cmd_write, parser=wr, **_WRITE_DEFAULTS)

@@ -296,6 +296,83 @@ def test_write_header_only_csv_writes_an_empty_dataset(tmp_path, capsys) -> None
     assert len(ds) == 0 and list(ds.columns) == ["id", "name"]
 
 
+# -- write: types CSV and JSON Lines leave to be guessed ------------------------------------------
+@pytest.mark.parametrize("name,text", [
+    ("ids.csv", "id,v\n18446744073709551615,1\n3,2\n"),  # a 64-bit hash: past int64
+    ("ids.csv", "id,v\n9007199254740993,1\n1.5,2\n"),  # an int among floats: float64
+    ("ids.jsonl", '{"id": 18446744073709551615, "v": 1}\n{"id": 3, "v": 2}\n'),
+])
+def test_write_refuses_integers_a_guessed_float_rounds(tmp_path, capsys, name, text) -> None:
+    src, dst = tmp_path / name, tmp_path / "out"
+    src.write_text(text)
+    code, _, err = run(capsys, "write", src, dst, "--no-progress")
+    assert code == 1
+    assert f"{src}: column 'id' was guessed float64, and its row 1" in err
+    assert "--column-type id=int64" in err
+    assert not dst.exists()
+
+
+def test_write_column_type_keeps_them_exact(tmp_path, capsys) -> None:
+    src = tmp_path / "ids.csv"
+    src.write_text("id,v\n18446744073709551615,1\n3,2\n")
+    code, _, err = run(capsys, "write", src, tmp_path / "u", "--no-progress",
+                       "--column-type", "id=uint64", "--column-type", "v=int8")
+    assert code == 0, err
+    table = pq.read_table(tmp_path / "u")
+    assert table.schema.field("id").type == pa.uint64() and table["v"].type == pa.int8()
+    assert table["id"].to_pylist() == [2**64 - 1, 3]
+    src.write_text("id,v\n9007199254740993,1\n1.5,2\n")
+    assert run(capsys, "write", src, tmp_path / "s", "--no-progress",
+               "--column-type", "id=string")[0] == 0
+    assert pq.read_table(tmp_path / "s")["id"].to_pylist() == ["9007199254740993", "1.5"]
+    assert run(capsys, "write", src, tmp_path / "f", "--no-progress",  # rounding, as asked
+               "--column-type", "id=float64")[0] == 0
+
+
+@pytest.mark.usefixtures("small_blocks")
+def test_write_names_the_row_of_a_rounded_integer_past_the_first_block(tmp_path, capsys) -> None:
+    src = write_csv(tmp_path / "in.csv", 100_000)  # score is float64
+    with src.open("a") as f:
+        f.write("100000,12345678901234567890,x\n")
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1 and "column 'score' was guessed float64, and its row 100,001" in err
+
+
+def test_write_refuses_text_that_is_not_utf8_unless_told_its_encoding(tmp_path, capsys) -> None:
+    src = tmp_path / "latin.csv"
+    src.write_bytes("name,v\ncafé,1\nx,2\n".encode("latin-1"))
+    code, _, err = run(capsys, "write", src, tmp_path / "a", "--no-progress")
+    assert code == 1
+    assert "column 'name' holds text that is not UTF-8; pass --encoding" in err
+    code, _, err = run(capsys, "write", src, tmp_path / "b", "--no-progress",
+                       "--encoding", "latin-1")
+    assert code == 0, err
+    assert all_rows(tmp_path / "b") == [{"name": "café", "v": 1}, {"name": "x", "v": 2}]
+    assert run(capsys, "write", src, tmp_path / "c", "--no-progress",
+               "--column-type", "name=binary")[0] == 0  # raw bytes, as asked
+    assert run(capsys, "write", src, tmp_path / "d", "--encoding", "latin-9x")[0] == 2
+
+
+def test_write_refuses_a_column_with_no_value_to_guess_from(tmp_path, capsys) -> None:
+    src = tmp_path / "in.csv"
+    src.write_text("a,b\n1,\n2,\n")
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1 and "column 'b' is empty in every row" in err and "--column-type b=" in err
+    assert run(capsys, "write", src, tmp_path / "out", "--no-progress",
+               "--column-type", "b=float64")[0] == 0
+
+
+def test_write_column_type_usage_errors(make_dataset, tmp_path, capsys) -> None:
+    src = write_csv(tmp_path / "in.csv", 3)
+    code, _, err = run(capsys, "write", src, tmp_path / "a", "--column-type", "nope=int64")
+    assert code == 2 and "--column-type names ['nope'], not columns of" in err
+    code, _, err = run(capsys, "write", src, tmp_path / "b", "--column-type", "id=int65")
+    assert code == 2 and "'id=int65': No type alias for int65" in err
+    code, _, err = run(capsys, "write", make_dataset(10), tmp_path / "c", "--column-type",
+                       "id=int32")
+    assert code == 2 and "are for CSV and JSON Lines" in err
+
+
 def test_write_bad_json_fails_naming_the_file(tmp_path, capsys) -> None:
     src = tmp_path / "array.json"
     src.write_text('[{"a": 1}, {"a": 2}]')
