@@ -185,7 +185,8 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
             )
     row_filter = None
     if filter is not None:  # every file holds the first's columns, or unify says which lacks
-        row_filter = RowFilter.of(filter, pa.schema([*schemas[0][1], *part_schema]))
+        row_filter = RowFilter.of(filter, pa.schema([*schemas[0][1], *part_schema]),
+                                  f"{schemas[0][0]} (the first file)")
         if file_cols is not None:  # the filter's columns are read and unified, not shown
             file_cols += [c for c in row_filter.columns
                           if c not in file_cols and c not in part_schema.names]

@@ -59,7 +59,7 @@ def fingerprint(discovery: Discovery) -> dict[str, Any]:
         digest.update(array.astype("<i8").tobytes())
     digest.update(str(discovery.schema).encode())
     if discovery.filter is not None:  # two filters may keep as many rows, not the same ones
-        digest.update(f"filter {discovery.filter.text}".encode())
+        digest.update(f"filter {discovery.filter.key}".encode())
     return {"files": len(paths), "rows": int(discovery.num_rows.sum()),
             "digest": digest.hexdigest()[:32]}
 

@@ -89,8 +89,10 @@ def test_a_filter_keeping_nothing_is_an_error(path: Path) -> None:
 
 
 def test_bad_filters_are_named(path: Path) -> None:
-    with pytest.raises(pqloader.ColumnNotFoundError, match=r"reads column 'lable', which the "
-                       r"dataset does not have; it has \['id', 'x', 'label', 'score'\]") as info:
+    with pytest.raises(pqloader.ColumnNotFoundError, match=r"reads column 'lable', which "
+                       r".*part-00000.parquet \(the first file\) does not have \(every file "
+                       r"needs the filter's columns\); it has \['id', 'x', 'label', 'score'\]"
+                       ) as info:
         pqloader.ParquetDataset(path, filter=pc.field("lable") == 3)
     assert isinstance(info.value, KeyError)
     with pytest.raises(pqloader.InvalidArgumentError, match=r"filter \(label > \"a\"\) does not "
@@ -240,3 +242,54 @@ def test_a_files_folders_rule_out_its_row_groups(
                                  (pc.bit_wise_and(pc.field("id"), 1) == 0))
     assert reads == ["split=train/part.parquet:0", "split=train/part.parquet:1"]
     assert _ids(ds) == list(range(1000, 1200, 2))
+
+
+def test_a_column_named_by_position_is_refused(path: Path) -> None:
+    with pytest.raises(pqloader.InvalidArgumentError, match=r"by its position; name it"):
+        pqloader.ParquetDataset(path, filter=pc.field(0) < 10)
+
+
+def test_resume_states_tell_filters_apart_that_print_alike(path: Path) -> None:
+    """pyarrow prints 20 values of an isin, and no literal's unit: the state keeps it all."""
+    # str() shows the set's first 10 values and its last 10: these sets differ in between
+    a = [*range(10), *range(10, 990, 2), *range(990, 1000)]
+    b = [*range(10), *range(11, 990, 2), *range(990, 1000)]
+    assert str(pc.field("id").isin(a)) == str(pc.field("id").isin(b))
+    saved = pqloader.DataLoader(pqloader.ParquetDataset(path, filter=pc.field("id").isin(a)),
+                                batch_size=16)
+    next(iter(saved))
+    state = saved.state_dict()
+    other = pqloader.DataLoader(pqloader.ParquetDataset(path, filter=pc.field("id").isin(b)),
+                                batch_size=16)
+    with pytest.raises(pqloader.StateMismatchError):
+        other.load_state_dict(state)
+    same = pqloader.DataLoader(pqloader.ParquetDataset(path, filter=pc.field("id").isin(a)),
+                               batch_size=16)
+    same.load_state_dict(state)
+
+
+def test_nan_rows_a_filter_keeps_are_not_pruned(tmp_path: Path) -> None:
+    """Parquet's min/max leave NaN out; pruning by them lost the NaN rows (pyarrow's own
+    filtered read loses them too, so the oracle here is the table filtered in memory)."""
+    table = pa.table({"id": [0, 1, 2, 3], "x": [0.1, 0.2, float("nan"), 0.3]})
+    pq.write_table(table, tmp_path / "a.parquet")
+    for keep in (~(pc.field("x") <= 0.5), pc.field("x").is_nan()):
+        ds = pqloader.ParquetDataset(tmp_path, filter=keep)
+        assert _ids(ds) == table.filter(keep)["id"].to_pylist() == [2]
+
+
+def test_counting_in_small_pieces_counts_the_same(path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from pqloader import _kept
+
+    keep = (pc.field("label") == 3) | (pc.field("id") > 900)
+    monkeypatch.setattr(_kept, "_CHUNK_BYTES", 1)  # every row group tested on its own
+    assert _ids(pqloader.ParquetDataset(path, filter=keep)) == _oracle(path, keep)
+
+
+def test_a_filter_column_the_first_file_lacks_is_named_so(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [2], "extra": [3]}), tmp_path / "b.parquet")
+    with pytest.raises(pqloader.ColumnNotFoundError, match=r"reads column 'extra', which "
+                       r".*a\.parquet \(the first file\) does not have"):
+        pqloader.ParquetDataset(tmp_path, columns=["id"], filter=pc.field("extra") > 0)
