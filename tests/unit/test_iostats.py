@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,6 +50,43 @@ def test_two_loaders_workers_0_lose_no_count() -> None:
     counts = stats.as_dict()
     assert counts["requests"] == 4 * ADDS
     assert counts["bytes"] == 6 * ADDS
+
+
+def _count_forever(stats: IOStats) -> None:
+    while True:
+        stats.add(requests=1)
+
+
+def _count_once(stats: IOStats) -> None:
+    stats.add(retries=1)
+
+
+def test_a_worker_killed_while_counting_blocks_no_one() -> None:
+    """A stuck worker stopped, or one the OOM killer took, while it counted: the others go on
+    (with one lock shared by every count, the next count or ``io_stats()`` hung forever)."""
+    stats = IOStats()
+    fork = multiprocessing.get_context("fork")
+
+    def kill_counting_workers() -> None:
+        for _ in range(20):
+            busy = fork.Process(target=_count_forever, args=(stats,))
+            busy.start()
+            while stats.as_dict()["requests"] == 0:
+                time.sleep(0.001)
+            time.sleep(0.01)
+            busy.kill()
+            busy.join()
+        late = fork.Process(target=_count_once, args=(stats,))
+        late.start()
+        late.join(30)
+        assert late.exitcode == 0
+        stats.add(retries=1)
+
+    done = threading.Thread(target=kill_counting_workers, daemon=True)
+    done.start()
+    done.join(120)
+    assert not done.is_alive(), "a count or io_stats() hung after a worker was killed"
+    assert stats.as_dict()["retries"] == 2
 
 
 def test_a_pickled_copy_counts_on_its_own() -> None:
