@@ -18,13 +18,13 @@ import pqloader
 from ._convert import (
     CODECS,
     FORMATS,
-    HINTS,
     CommandFailure,
-    column_type,
     counted,
     guess_format,
+    hint,
     open_source,
 )
+from ._guesses import column_type
 from ._inspect import human_bytes, inspect_dataset, print_inspect
 
 _WRITE_DEFAULTS = {name: p.default  # one source of truth: write_dataset's own defaults
@@ -52,8 +52,8 @@ def _cmd_write(args: argparse.Namespace) -> int:
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, pqloader.PQLoaderError):
             raise
-        raise CommandFailure(f"{source}: {exc}; {HINTS[fmt]}, or pass --format if it is not "
-                       f"{fmt}") from exc
+        raise CommandFailure(f"{source}: {exc}; {hint(fmt, typed)}, or pass --format if it "
+                             f"is not {fmt}") from exc
     dst, src = Path(args.dst).resolve(), Path(source).resolve()
     if (src.is_dir() and dst.is_relative_to(src)) or any(
             Path(p).resolve().is_relative_to(dst) for p in inputs):

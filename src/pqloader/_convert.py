@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 import pqloader
+
+from ._guesses import guess_problem, rounding_problem
 
 FORMATS = ("csv", "jsonl", "parquet")
 CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
@@ -78,26 +79,13 @@ def _parquet_batches(source: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], 
 _BLOCK = 16 << 20
 
 
-def column_type(text: str) -> tuple[str, pa.DataType]:
-    """``--column-type NAME=TYPE``: a column and a pyarrow type name (int64, uint64, string...)."""
-    name, sep, alias = text.rpartition("=")
-    try:
-        if not sep or not name:
-            raise ValueError("expected NAME=TYPE")
-        return name, pa.type_for_alias(alias.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: {exc}; TYPE is a pyarrow type name such as int64, uint64, float64, "
-            "string, bool, date32 or timestamp[ms]") from None
-
-
 def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | None = None,
                 encoding: str | None = None
                 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch], list[str]]:
     """The source's schema, its batches and the files they come from.
 
     CSV and JSON Lines have no types: pyarrow guesses them from the first block, and
-    ``column_types`` sets those the guess gets wrong (:func:`check_guessed` names them).
+    ``column_types`` sets those the guess gets wrong (``_guesses.py`` names them).
     """
     types = dict(column_types or {})
     if fmt == "parquet":
@@ -108,97 +96,98 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
     if not Path(source).is_file():
         raise CommandFailure(f"{source}: no such file (a {fmt} source is one file); "
                              "check the path")
-    if encoding is not None:
-        try:
-            codecs.lookup(encoding)
-        except LookupError:
-            raise CommandFailure(f"--encoding {encoding}: no such text encoding; try utf8, "
-                                 "latin-1 or cp1252", code=2) from None
-    # Blocks of 16 MiB, not pyarrow's 1 MiB: a field or a line up to that size reads (a ~3 MB
-    # one failed, "straddles two block boundaries"), and column types are guessed from more rows
-    if fmt == "csv":
-        reader = pa_csv.open_csv(
-            source, read_options=pa_csv.ReadOptions(block_size=_BLOCK,
-                                                    encoding=encoding or "utf8"),
-            convert_options=pa_csv.ConvertOptions(column_types=types))
-    elif encoding is not None and encoding.lower().replace("-", "") != "utf8":
-        raise CommandFailure("JSON Lines are UTF-8 (RFC 8259): --encoding is for CSV", code=2)
-    elif hasattr(pa_json, "open_json"):
-        parse = pa_json.ParseOptions(explicit_schema=pa.schema(types.items()),
-                                     unexpected_field_behavior="infer")
-        reader = pa_json.open_json(source, read_options=pa_json.ReadOptions(block_size=_BLOCK),
-                                   parse_options=parse)
-    else:  # pyarrow < 19 has no streaming JSON reader: the file is read whole
-        reader = pa_json.read_json(source, parse_options=pa_json.ParseOptions(
-            explicit_schema=pa.schema(types.items()), unexpected_field_behavior="infer")
-        ).to_reader()
-    unknown = sorted(set(types) - set(reader.schema.names))
+    text_encoding(encoding, fmt)
+    try:
+        reader = _open_csv(source, types, encoding) if fmt == "csv" else \
+            _open_json(source, types)
+        batches = iter(reader)
+        first = next(batches, None)
+        schema = reader.schema
+        unknown = sorted(set(types) - set(schema.names))
+    except UnicodeError as exc:  # in the header, or the first block
+        raise CommandFailure(f"{source}: not {encoding or 'utf8'} text ({exc}); pass the "
+                             "file's --encoding (latin-1, cp1252, utf-16...)") from exc
     if unknown:
         raise CommandFailure(f"--column-type names {unknown}, not columns of {source}; it "
-                             f"has {reader.schema.names}", code=2)
-    batches = iter(reader)
-    first = next(batches, None)
+                             f"has {schema.names}", code=2)
+    if not len(schema):  # JSON Lines of {}: rows of no column
+        raise CommandFailure(f"{source} holds no column: nothing to write")
     if first is None:  # a header alone: an empty dataset of its columns, typed null
-        return reader.schema, iter(()), [source]
-    check_guessed(reader.schema, types, source)
-    return reader.schema, itertools.chain([first], batches), [source]
+        return schema, iter(()), [source]
+    problem = guess_problem(schema, types, source)
+    if problem:
+        raise CommandFailure(problem)
+    return schema, itertools.chain([first], batches), [source]
 
 
-def check_guessed(schema: pa.Schema, typed: dict[str, pa.DataType], source: str) -> None:
-    """Refuse the guesses that would write something other than the text: a null type (the
-    column was empty in every row guessed from) and binary (text that is not UTF-8)."""
-    for field in schema:
-        if field.name in typed:
-            continue
-        if pa.types.is_null(field.type):
-            raise CommandFailure(
-                f"{source}: column {field.name!r} is empty in every row its type was guessed "
-                f"from; pass --column-type {field.name}=TYPE (float64, string...)")
-        if pa.types.is_binary(field.type):
-            raise CommandFailure(
-                f"{source}: column {field.name!r} holds text that is not UTF-8; pass "
-                "--encoding with the file's encoding (latin-1, cp1252...), or --column-type "
-                f"{field.name}=binary to keep its raw bytes")
+def text_encoding(encoding: str | None, fmt: str) -> None:
+    """Refuse an ``--encoding`` that is not a text encoding, or not UTF-8 for JSON Lines."""
+    if encoding is None:
+        return
+    try:
+        info = codecs.lookup(encoding)
+    except LookupError:
+        raise CommandFailure(f"--encoding {encoding}: no such text encoding; try utf8, "
+                             "latin-1 or cp1252", code=2) from None
+    if not getattr(info, "_is_text_encoding", True):  # base64, rot13: bytes to bytes
+        raise CommandFailure(f"--encoding {encoding} is not a text encoding; try utf8, "
+                             "latin-1 or cp1252", code=2)
+    if fmt == "jsonl" and info.name != "utf-8":
+        raise CommandFailure("JSON Lines are UTF-8 (RFC 8259): --encoding is for CSV", code=2)
 
 
-_EXACT = 2**53  # from here on, float64 holds only some of the integers
+# Blocks of 16 MiB, not pyarrow's 1 MiB: a field or a line up to that size reads (a ~3 MB one
+# failed, "straddles two block boundaries"), and column types are guessed from more rows.
+def _open_csv(source: str, types: dict[str, pa.DataType], encoding: str | None) -> Any:
+    return pa_csv.open_csv(
+        source, read_options=pa_csv.ReadOptions(block_size=_BLOCK, encoding=encoding or "utf8"),
+        convert_options=pa_csv.ConvertOptions(column_types=types))
 
 
-def check_exact(batch: pa.RecordBatch, typed: dict[str, pa.DataType], first_row: int,
-                source: str) -> None:
-    """Refuse integers that a guessed float64 column rounded: past 2**53, as 64-bit ids and
-    hashes are (a CSV id column of 18446744073709551615 became 1.8446744073709552e+19)."""
-    for name, column in zip(batch.schema.names, batch.columns, strict=True):
-        if name in typed or not pa.types.is_float64(column.type):
-            continue
-        values = column.to_numpy(zero_copy_only=False)
-        with np.errstate(invalid="ignore"):
-            rounded = np.isfinite(values) & (np.abs(values) >= _EXACT) & (
-                values == np.floor(values))
-        if rounded.any():
-            row = first_row + int(np.argmax(rounded)) + 1
-            raise CommandFailure(
-                f"{source}: column {name!r} was guessed float64, and its row {row:,} (from 1, "
-                f"after any header) holds an integer past 2**53 that float64 cannot hold "
-                f"exactly (read as {float(values[rounded][0])!r}); pass --column-type "
-                f"{name}=int64 (or uint64, or string), or --column-type {name}=float64 if "
-                "rounding it is fine")
+def _open_json(source: str, types: dict[str, pa.DataType]) -> Any:
+    """A JSON Lines reader; ``types`` set in the guessed schema, whose order is the file's (an
+    explicit schema alone puts its columns first, and adds a misspelled one, all nulls)."""
+    read = pa_json.ReadOptions(block_size=_BLOCK)
+
+    def open_(parse: pa_json.ParseOptions | None = None) -> Any:
+        if hasattr(pa_json, "open_json"):
+            return pa_json.open_json(source, read_options=read, parse_options=parse)
+        # pyarrow < 19 has no streaming JSON reader: the file is read whole
+        return pa_json.read_json(source, read_options=read, parse_options=parse).to_reader()
+
+    guessed = open_().schema
+    if not types or not set(types) <= set(guessed.names):  # unknown: open_source says which
+        return open_()
+    schema = pa.schema([pa.field(f.name, types.get(f.name, f.type)) for f in guessed])
+    return open_(pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"))
 
 
 def counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str, rows: list[int],
             typed: dict[str, pa.DataType] | None = None) -> Iterator[pa.RecordBatch]:
     """Pass batches through, counting rows; a read error names the file it came from, and so
-    do rounded integers (:func:`check_exact`)."""
+    do rounded integers (``_guesses.rounding_problem``)."""
+    typed = typed or {}
     try:
         for batch in batches:
             for column in batch.columns:  # invalid UTF-8 in a string column, caught here:
                 if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
                     column.validate(full=True)  # written, it fails every read after
-            if fmt != "parquet":
-                check_exact(batch, typed or {}, rows[0], source)
+            problem = None if fmt == "parquet" else rounding_problem(
+                batch, typed, rows[0], source, fmt)
+            if problem:
+                raise CommandFailure(problem)
             rows[0] += batch.num_rows
             yield batch
     except (pa.ArrowException, OSError) as exc:
-        raise CommandFailure(f"{source}: {exc}; {HINTS[fmt]}") from exc
+        raise CommandFailure(f"{source}: {exc}; {hint(fmt, typed)}") from exc
+    except UnicodeError as exc:  # past the first block, in a CSV read with --encoding
+        raise CommandFailure(f"{source}: text that its encoding cannot decode after row "
+                             f"{rows[0]:,} ({exc}); pass the file's --encoding") from exc
+
+
+def hint(fmt: str, typed: dict[str, pa.DataType]) -> str:
+    """What to do about a read error of this format."""
+    given = "; or a --column-type given does not fit the values" if typed else ""
+    return HINTS[fmt] + given
 
 

@@ -147,6 +147,8 @@ def write_dataset(
 def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
                  row_group_size: int, compression: str, progress: bool | None) -> list[str]:
     schema, batches, total = as_batches(data, row_group_size)
+    if not len(schema):  # its batches hold rows but no column: their files never filled up
+        raise DataError("the input has no column; give it at least one")
     twice = sorted({n for n in schema.names if schema.names.count(n) > 1})
     if twice:  # written, such files could not be read back by name (pqloader, pandas, Spark)
         raise DataError(f"column {twice[0]!r} appears twice in the input; give each column a "

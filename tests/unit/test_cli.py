@@ -308,8 +308,74 @@ def test_write_refuses_integers_a_guessed_float_rounds(tmp_path, capsys, name, t
     code, _, err = run(capsys, "write", src, dst, "--no-progress")
     assert code == 1
     assert f"{src}: column 'id' was guessed float64, and its row 1" in err
-    assert "--column-type id=int64" in err
+    assert "--column-type id=uint64 (or int64" in err and "--column-type id=float64" in err
+    assert ("or string" in err) == name.endswith(".csv")  # a JSON number is no string
     assert not dst.exists()
+
+
+def test_write_takes_large_real_numbers_for_real_numbers(tmp_path, capsys) -> None:
+    src = tmp_path / "mass.csv"
+    src.write_text("mass\n1.989e30\n5.97e24\n9.1e-31\n1.5e300\n")
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 0, err
+    assert pq.read_table(tmp_path / "out")["mass"].to_pylist() == [1.989e30, 5.97e24, 9.1e-31,
+                                                                   1.5e300]
+
+
+def test_write_refuses_rounded_integers_inside_json_lists_and_objects(tmp_path, capsys) -> None:
+    for text in ('{"ids": [1, 18446744073709551615]}\n', '{"o": {"id": 18446744073709551615}}\n'):
+        src = tmp_path / "nested.jsonl"
+        src.write_text(text)
+        code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+        assert code == 1 and "holds numbers guessed float64" in err
+        assert "pqloader.write_dataset and a pyarrow schema" in err
+
+
+def test_write_json_column_type_keeps_the_order_and_refuses_unknown_names(tmp_path,
+                                                                          capsys) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"a": 1, "id": 5, "z": "x"}\n{"a": 2, "id": 6, "z": "y"}\n')
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress",
+                       "--column-type", "id=uint16")
+    assert code == 0, err
+    table = pq.read_table(tmp_path / "out")
+    assert table.schema.names == ["a", "id", "z"] and table["id"].type == pa.uint16()
+    code, _, err = run(capsys, "write", src, tmp_path / "typo", "--column-type", "idd=int64")
+    assert code == 2 and "--column-type names ['idd'], not columns of" in err
+
+
+def test_write_says_when_the_text_is_not_in_its_encoding(tmp_path, capsys) -> None:
+    utf8 = tmp_path / "utf8.csv"
+    utf8.write_text("name\ncafé\n", encoding="utf-8")
+    code, _, err = run(capsys, "write", utf8, tmp_path / "a", "--encoding", "ascii")
+    assert code == 1 and f"{utf8}: not ascii text" in err and "--encoding" in err
+    header = tmp_path / "header.csv"
+    header.write_bytes("café,v\n1,2\n".encode("latin-1"))
+    code, _, err = run(capsys, "write", header, tmp_path / "b")
+    assert code == 1 and f"{header}: not utf8 text" in err
+    assert run(capsys, "write", header, tmp_path / "c", "--no-progress",
+               "--encoding", "latin-1")[0] == 0
+    for codec in ("base64", "rot13"):  # bytes to bytes, not text
+        code, _, err = run(capsys, "write", utf8, tmp_path / "d", "--encoding", codec)
+        assert code == 2 and "is not a text encoding" in err
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"a": 1}\n')
+    assert run(capsys, "write", src, tmp_path / "e", "--no-progress",
+               "--encoding", "utf_8")[0] == 0
+    assert run(capsys, "write", src, tmp_path / "f", "--encoding", "latin-1")[0] == 2
+
+
+def test_write_json_lines_of_empty_objects_fails_and_writes_nothing(tmp_path, capsys) -> None:
+    """pyarrow yields batches of rows and no column for them; writing those never ended."""
+    src = tmp_path / "empty.jsonl"
+    src.write_text("{}\n{}\n")
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1 and "holds no column" in err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(pqloader.DataError, match="no column"):
+        batch = pa.RecordBatch.from_struct_array(pa.array([{}, {}], pa.struct([])))
+        pqloader.write_dataset(pa.RecordBatchReader.from_batches(batch.schema, iter([batch])),
+                               tmp_path / "direct", progress=False)
 
 
 def test_write_column_type_keeps_them_exact(tmp_path, capsys) -> None:
