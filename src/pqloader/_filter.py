@@ -85,12 +85,11 @@ def _key(expression: pc.Expression) -> str:
     drops literal units (``1 ns`` and ``1 s`` both print ``1``), so two filters keeping other
     rows printed alike. pyarrow serializes an expression as an Arrow IPC file: its schema
     holds the tree (calls, field names) and the literals' types, its batch the literals."""
-    serialized = pickle.dumps(expression)
     try:
         reader = pa.ipc.open_file(expression.__reduce__()[1][0])
         literals = [column.to_pylist() for column in reader.get_batch(0).columns]
     except (pa.ArrowException, IndexError, TypeError):  # another pyarrow's layout: its bytes
-        return hashlib.sha256(serialized).hexdigest()
+        return hashlib.sha256(pickle.dumps(expression)).hexdigest()
     return f"{reader.schema}\n{literals!r}"
 
 
