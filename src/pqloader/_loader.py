@@ -103,7 +103,7 @@ class DataLoader:
         timeout: float = 0.0,
         worker_init_fn: Callable[[int], Any] | None = None,
         persistent_workers: bool = False,
-        prefetch_factor: int = 2,
+        prefetch_factor: int | None = 2,
         multiprocessing_context: Any = None,
         audit_dir: str | os.PathLike[str] | None = None,
         memory_budget_bytes: int | None = None,
@@ -128,6 +128,8 @@ class DataLoader:
                 "write, which their own RSS does not show: use worker_type='thread' or size "
                 "shuffle_window_rows yourself"
             )
+        if prefetch_factor is None:  # torch's default spelling: its default
+            prefetch_factor = 2
         self.workers = WorkerConfig(
             num_workers=streams, worker_type=worker_type, prefetch_factor=prefetch_factor,
             pin_memory=pin_memory, timeout=timeout, worker_init_fn=worker_init_fn,
@@ -194,8 +196,10 @@ class DataLoader:
             self._processes.forget()  # persistent worker processes hold the old plan
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank)."""
-        return len(self._planner)
+        """Batches this rank yields this epoch (the same on every rank): an epoch resumed
+        under another world size or batch size deals what the old ranks left, so it may
+        differ from the others."""
+        return self._planner.epoch_batches(self._epoch)
 
     # -- resume -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

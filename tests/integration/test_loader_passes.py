@@ -166,3 +166,56 @@ def test_to_torch_names_a_keyword_it_does_not_take(make_dataset: Any, keyword: s
     ds = pqloader.ParquetDataset(make_dataset(ROWS))
     with pytest.raises(pqloader.InvalidArgumentError, match=match):
         ds.to_torch(batch_size=10, **{keyword: 2})
+
+
+@pytest.mark.parametrize("mode", [{"num_workers": 0}, {"num_workers": 2},
+                                  {"num_workers": 2, "worker_type": "process"}])
+def test_an_epoch_resumed_on_fewer_ranks_counts_its_own_batches(make_dataset: Any,
+                                                                mode: dict[str, Any]) -> None:
+    """3 ranks' 1,000 rows (334 a rank, padded) resumed on one rank: its epoch deals what
+    they left, 1,000 rows in 10 batches of 100; len() said 10 while the old padding made 11
+    come, and worker processes refused the state saved at that epoch's end."""
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    kw: dict[str, Any] = {"batch_size": 100, "shuffle": True, "seed": 1}
+    state = pqloader.DataLoader(ds, rank=0, world_size=3, **kw).state_dict()
+    resumed = pqloader.DataLoader(ds, rank=0, world_size=1, **kw, **mode)
+    resumed.load_state_dict(state)
+    ids = _ids(resumed)
+    assert sorted(ids) == list(range(ROWS))  # each once: world_size 1 repeats none
+    assert len(resumed) == -(-ROWS // 100)
+    end = resumed.state_dict()
+    again = pqloader.DataLoader(ds, rank=0, world_size=1, **kw, **mode)
+    again.load_state_dict(end)
+    assert _ids(again) == []
+
+
+def test_a_chain_of_elastic_resumes_plans_each_level_once(make_dataset: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank's remainder needs every old rank's plan: remade per rank, a chain of two
+    resumes over 8 ranks planned 8**3 epochs (seconds over 16 ranks, minutes over 64)."""
+    from pqloader import _plan, _torch
+
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    kw: dict[str, Any] = {"batch_size": 5, "shuffle": True, "seed": 2}
+    state = pqloader.DataLoader(ds, rank=0, world_size=8, **kw).state_dict()
+    for world in (7, 6):  # elastic twice: each state names the one before
+        loaders = [pqloader.DataLoader(ds, rank=r, world_size=world, **kw) for r in range(world)]
+        for loader in loaders:
+            loader.load_state_dict(state)
+            it = iter(loader)
+            next(it)
+            it.close()  # type: ignore[attr-defined]
+        state = loaders[0].state_dict()
+    calls = 0
+    real = _plan.plan_epoch
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_torch, "plan_epoch", counted)
+    last = pqloader.DataLoader(ds, rank=0, world_size=6, **kw)
+    last.load_state_dict(state)
+    next(iter(last))
+    assert calls <= 8 + 1  # the first level's 8 ranks, once (and a fresh plan at most)

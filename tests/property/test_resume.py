@@ -251,10 +251,15 @@ def _elastic_resume(ds: pqloader.ParquetDataset, old: tuple[int, int, int],
     assert len({len(batches) for batches in after_per_rank}) == 1, "new ranks stay even"
     after = [i for batches in after_per_rank for b in batches for i in b]
 
-    padding = 0 if drop_last else (old[2] - 1) + (new[2] - 1)
-    assert len(set(before) & set(after)) <= (0 if drop_last else old[2] - 1)
+    # The same plan resumes exactly: its padding (up to ranks - 1 rows) comes where it would
+    # have. Another deals out what the old ranks left, each row once (the old padding was
+    # dealt out again too, up to old ranks - 1 rows more), and pads for the new world only.
+    exact = (old[0], max(1, old[1]), old[2]) == (new[0], max(1, new[1]), new[2])
+    pad_old, pad_new = (0, 0) if drop_last else (old[2] - 1, new[2] - 1)
+    assert len(set(before) & set(after)) <= (pad_old if exact else 0)
+    assert len(after) - len(set(after)) <= pad_new
     seen = before + after
-    assert len(seen) - len(set(seen)) <= padding
+    assert len(seen) - len(set(seen)) <= (pad_old if exact else pad_old + pad_new)
     if drop_last:
         # each rank drops under one batch, each world under one row per rank
         assert total - len(set(seen)) < old[2] * (old[0] + 1) + new[2] * (new[0] + 1)
