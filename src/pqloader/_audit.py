@@ -129,6 +129,8 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
     if not files:
         raise InvalidArgumentError(f"{directory}: no audit records (rank*.jsonl) found")
     num_rows = None
+    dataset: dict[str, Any] = {}
+    first = Path()
     counts: dict[int, np.ndarray] = {}
     where: dict[int, list[tuple[str, int, int, np.ndarray]]] = defaultdict(list)
     reports: dict[int, EpochReport] = {}
@@ -140,9 +142,11 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
             raise InvalidArgumentError(f"{path}: not a pqloader audit record")
         head = lines[0]
         if num_rows is None:
-            num_rows = int(head["dataset"]["rows"])
-        elif int(head["dataset"]["rows"]) != num_rows:
-            raise InvalidArgumentError(f"{path}: records of another dataset in the same folder")
+            num_rows, dataset, first = int(head["dataset"]["rows"]), head["dataset"], path
+        elif head["dataset"] != dataset:  # rows alone: two datasets of one size were merged
+            raise InvalidArgumentError(
+                f"{path}: records of another dataset than {first.name}'s in the same folder "
+                f"({head['dataset']} against {dataset}); audit each run's folder alone")
         for rec in lines[1:]:
             epoch = int(rec["epoch"])
             rows = decode_rows(rec["rows"])

@@ -95,6 +95,9 @@ def _names(text: str) -> list[str]:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from ._bench import bench
 
+    if args.num_workers == "auto" and args.worker_type == "process":  # a usage error: 2
+        raise CommandFailure("--num-workers auto tunes thread workers: drop --worker-type "
+                             "process, or give a number of processes", code=2)
     ds = pqloader.ParquetDataset(args.path, columns=args.columns)
     result = bench(ds, max_batches=args.max_batches,
                    progress=False if args.no_progress else None,
@@ -140,6 +143,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     reports = pqloader.audit(args.dir)
+    if not reports:  # a run stopped before its first batch delivered nothing, exactly once
+        raise CommandFailure(f"{args.dir}: no batch was recorded (the run stopped before its "
+                             "first batch?): no row was delivered")
     if args.json:
         print(json.dumps([{**vars(r), "exactly_once": r.exactly_once} for r in reports]))
     for r in reports if not args.json else []:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,8 +87,10 @@ class WorkerConfig:
                 f"worker_type must be 'thread' or 'process', got {self.worker_type!r}"
             )
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \
-                or self.timeout < 0:
-            raise InvalidArgumentError(f"timeout must be seconds >= 0, got {self.timeout!r}")
+                or not math.isfinite(self.timeout) or self.timeout < 0:
+            raise InvalidArgumentError(  # inf overflowed a wait; nan timed out at once
+                f"timeout must be finite seconds >= 0 (0: wait as long as it takes), got "
+                f"{self.timeout!r}")
         if self.worker_init_fn is not None and not callable(self.worker_init_fn):
             raise InvalidArgumentError(
                 f"worker_init_fn must be callable, got {self.worker_init_fn!r}"

@@ -88,6 +88,27 @@ def test_no_records_is_a_clear_error(tmp_path: Path) -> None:
         pqloader.audit(tmp_path)
 
 
+def test_a_run_stopped_before_its_first_batch_fails_the_audit(make_dataset: Any,
+                                                                tmp_path: Path,
+                                                                capsys: Any) -> None:
+    record = _one_epoch(make_dataset, tmp_path)
+    header = record.read_text(encoding="utf-8").splitlines()[0]
+    record.write_text(header + "\n", encoding="utf-8")  # killed after its header
+    assert pqloader.audit(tmp_path) == []
+    assert main(["audit", str(tmp_path)]) == 1
+    assert "no batch was recorded" in capsys.readouterr().err
+
+
+def test_records_of_two_datasets_of_one_size_are_not_merged(make_dataset: Any,
+                                                            tmp_path: Path) -> None:
+    for rank, files in ((0, 100), (1, 50)):  # rank 0 of one dataset, rank 1 of another
+        ds = pqloader.ParquetDataset(make_dataset(200, rows_per_file=files))
+        list(pqloader.DataLoader(ds, batch_size=50, num_workers=0, rank=rank, world_size=2,
+                                 audit_dir=tmp_path))
+    with pytest.raises(pqloader.InvalidArgumentError, match="records of another dataset"):
+        pqloader.audit(tmp_path)
+
+
 def _one_epoch(make_dataset: Any, directory: Path) -> Path:
     """Records of a complete epoch of 200 rows in 4 batches; the record file's path."""
     ds = pqloader.ParquetDataset(make_dataset(200), columns=["id"])

@@ -87,6 +87,17 @@ def test_a_budget_below_one_row_group_per_window_is_refused(
         pqloader.DataLoader(big, batch_size=64, num_workers=2, memory_budget_bytes=40 * MIB)
 
 
+@pytest.mark.parametrize("name", ["shuffle_window_rows", "batch_size"])
+def test_a_window_or_batch_larger_than_the_budget_is_refused(big: pqloader.ParquetDataset,
+                                                            name: str) -> None:
+    """Set by hand, they were taken as given: 3-6x the budget in RSS."""
+    kwargs: dict[str, Any] = {"batch_size": 64, name: len(big)}
+    with pytest.raises(pqloader.InvalidArgumentError,
+                       match=rf"{name}=.* more than the .* memory_budget_bytes=.*: give {name} "
+                       "at most"):
+        pqloader.DataLoader(big, num_workers=2, memory_budget_bytes=BUDGET, **kwargs)
+
+
 def test_a_budget_with_process_workers_is_refused(tmp_path: Path,
                                                   big: pqloader.ParquetDataset) -> None:
     with pytest.raises(pqloader.InvalidArgumentError, match="thread workers"):

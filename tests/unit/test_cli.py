@@ -576,3 +576,9 @@ def test_write_reads_a_field_of_several_megabytes(tmp_path: Path, fmt: str) -> N
                    f'{{"id": 1, "text": "{big}"}}\n{{"id": 2, "text": "y"}}\n')
     assert main(["write", str(src), str(tmp_path / "out")]) == 0
     assert len(pqloader.ParquetDataset(tmp_path / "out")[0]["text"]) == 3 << 20
+
+
+def test_bench_auto_with_processes_is_a_usage_error(make_dataset, capsys) -> None:
+    code, _, err = run(capsys, "bench", make_dataset(ROWS), "--num-workers", "auto",
+                       "--worker-type", "process")
+    assert code == 2 and "--num-workers auto tunes thread workers" in err

@@ -195,6 +195,8 @@ def test_unknown_column(tmp_path: Path) -> None:
         ({"batch_size": 8, "prefetch_factor": 0}, "prefetch_factor"),
         ({"batch_size": 8, "seed": -1}, "seed"),
         ({"batch_size": 8, "timeout": -1}, "timeout"),
+        ({"batch_size": 8, "timeout": float("inf")}, "timeout"),  # overflowed a wait
+        ({"batch_size": 8, "timeout": float("nan")}, "timeout"),  # timed out at once
         ({"batch_size": 8, "worker_type": "fiber"}, "worker_type"),
         ({"batch_size": 8, "num_workers": 0, "persistent_workers": True}, "persistent_workers"),
     ],
@@ -205,6 +207,13 @@ def test_bad_loader_arguments(tmp_path: Path, kwargs: dict[str, Any], name: str)
     with pytest.raises(ValueError) as info:
         pqloader.DataLoader(ds, **kwargs)
     _assert_error(info.value, pqloader.InvalidArgumentError, ValueError, name)
+
+
+def test_prefetch_factor_none_is_torchs_default(tmp_path: Path) -> None:
+    pq.write_table(_table(10), tmp_path / "part-00000.parquet")
+    loader = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=4,
+                                 prefetch_factor=None)
+    assert sum(len(b["id"]) for b in loader) == 10
 
 
 def test_bad_set_epoch(tmp_path: Path) -> None:
