@@ -55,6 +55,11 @@ def column_kinds(schema: pa.Schema) -> dict[str, Kind]:
                 "tensors; leave it out with columns=[...] or convert it yourself with collate_fn="
             )
         kinds[field.name] = kind
+    for name, kind in kinds.items():  # a batch holds both under one key: one would be lost
+        if kind == "list" and name + LENGTHS_SUFFIX in kinds:
+            raise InvalidArgumentError(
+                f"column {name + LENGTHS_SUFFIX!r} has the name of the lengths that list column "
+                f"{name!r} brings to each batch; rename it, or leave one out with columns=[...]")
     return kinds
 
 

@@ -210,8 +210,9 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any] | None:
 
 def flatten(batch: Any) -> tuple[list[torch.Tensor], Rebuild]:
     """The tensors in ``batch`` (through dicts, lists and tuples), and a function that builds
-    the same structure around new tensors. A list or tuple is walked only when its first item
-    is a tensor or a container: lists of str, bytes or numbers are leaves."""
+    the same structure around new tensors. A tuple is always walked (``("meta", t)`` lost its
+    tensor); a list only when its first item is a tensor or a container: lists of str, bytes
+    or numbers are leaves."""
     leaves: list[torch.Tensor] = []
     build = _flatten(batch, leaves)
     return leaves, lambda new: build(iter(new))
@@ -230,8 +231,8 @@ def _flatten(obj: Any, leaves: list[torch.Tensor]) -> Callable[[Any], Any]:
             return values if kind is dict else _same_kind(kind, values)
 
         return mapping
-    if isinstance(obj, (list, tuple)) and obj and \
-            isinstance(obj[0], (torch.Tensor, Mapping, list, tuple)):
+    if isinstance(obj, tuple) or (isinstance(obj, list) and obj and \
+            isinstance(obj[0], (torch.Tensor, Mapping, list, tuple))):
         items = [_flatten(v, leaves) for v in obj]
         kind_s = type(obj)
 

@@ -14,11 +14,14 @@ _ALIGN = 64  # bytes: every packed tensor starts on a cache line
 Layout = list[tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...], int]]
 
 
-def _unpack(flat: torch.Tensor, layout: Layout, rest: bytes) -> dict[str, Any]:
+def _unpack(flat: torch.Tensor, layout: Layout, rest: bytes, order: list[str] | None = None
+            ) -> dict[str, Any]:
     batch: dict[str, Any] = pickle.loads(rest)
     for name, dtype, shape, stride, offset in layout:
         size = math.prod(shape) * dtype.itemsize
         batch[name] = flat[offset:offset + size].view(dtype).as_strided(shape, stride)
+    if order is not None:  # the worker's key order (its tensors were set last here)
+        batch = {k: batch[k] for k in order}
     return batch
 
 
@@ -93,8 +96,10 @@ class PackedBatch:
             size = t.numel() * t.element_size()
             self.flat[start:start + size].view(t.dtype).as_strided(shape, stride).copy_(t)
 
+        self.order = list(batch)
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_unpack, (self.flat, self.layout, self.rest))
+        return (_unpack, (self.flat, self.layout, self.rest, self.order))
 
 
 def compact(batch: Any) -> Any:
@@ -105,8 +110,8 @@ def compact(batch: Any) -> Any:
     or tuple of tensors is compacted item by item and rebuilt as its own type (a namedtuple
     takes its items as arguments, not one iterable).
     """
-    if isinstance(batch, dict) and any(_packable(v) for v in batch.values()):
-        return PackedBatch(batch)
+    if type(batch) is dict and any(_packable(v) for v in batch.values()):
+        return PackedBatch(batch)  # (a dict subclass goes as itself, its type kept)
     if _packable(batch):
         if batch.untyped_storage().nbytes() > batch.nbytes:
             return batch.clone()
@@ -114,4 +119,9 @@ def compact(batch: Any) -> Any:
     if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
         items = [compact(v) for v in batch]
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    values = batch.values() if isinstance(batch, dict) else \
+        batch if isinstance(batch, (list, tuple)) else ()
+    if not any(_packable(v) for v in values):  # cheap to pickle twice: no tensor to copy
+        # what does not pickle: a TypeError here, naming the key, not a hang
+        _pickled(batch if type(batch) is dict else {type(batch).__name__: batch})
     return batch

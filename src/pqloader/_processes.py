@@ -44,6 +44,7 @@ class ProcessDelivery:
                 worker_init_fn=w.worker_init_fn, persistent_workers=w.persistent_workers,
                 prefetch_factor=w.prefetch_factor,
                 multiprocessing_context=w.multiprocessing_context,
+                collate_fn=as_made,  # not torch's default_convert: tuples stayed no tuples
             )
             if w.persistent_workers:
                 self._loader = loader
@@ -78,3 +79,8 @@ def _shut_down(it: Any, persistent: bool) -> None:
     kept, every later epoch failed at once with "worker exited unexpectedly"."""
     if persistent and hasattr(it, "_shutdown_workers"):
         it._shutdown_workers()
+
+
+def as_made(batch: Any) -> Any:
+    """A batch as the worker made it (torch's ``collate_fn``, at module level: it pickles)."""
+    return batch

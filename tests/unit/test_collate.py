@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import threading
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -103,6 +104,48 @@ def test_transforms_through_a_worker_process(tmp_path: Path, transform: Any) -> 
         assert all(b["s"].is_sparse for b in got)
         assert torch.equal(torch.cat([b["s"].to_dense() for b in got]).squeeze(1),
                            torch.arange(8.0))
+
+
+def _with_lock(batch: dict[str, Any]) -> Any:
+    return ("ids", threading.Lock())  # no tensor at all, and a value that does not pickle
+
+
+def _as_tuple(batch: dict[str, Any]) -> Any:
+    return batch["id"], batch["id"].numpy()  # torch's default_convert made a list of tensors
+
+
+def test_a_batch_that_does_not_pickle_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"id": np.arange(8, dtype=np.int64)}), tmp_path / "a.parquet")
+    loader = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=4,
+                                 transform=_with_lock, num_workers=1, worker_type="process",
+                                 timeout=60)
+    with pytest.raises(TypeError, match="cannot be sent from a worker process"):
+        list(loader)
+
+
+def test_process_workers_deliver_batches_as_threads_do(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"id": np.arange(8, dtype=np.int64), "s": [str(i) for i in
+                                                                        range(8)]}),
+                   tmp_path / "a.parquet")
+    ds = pqloader.ParquetDataset(tmp_path, columns=["s", "id"])
+    for transform in (None, _as_tuple):
+        batches = [list(pqloader.DataLoader(ds, batch_size=4, transform=transform,
+                                            num_workers=1, worker_type=kind))
+                   for kind in ("thread", "process")]
+        for a, b in zip(*batches, strict=True):
+            assert type(a) is type(b)
+            if isinstance(a, dict):
+                assert list(a) == list(b) == ["s", "id"]  # the keys in the dataset's order
+            else:
+                assert [type(v) for v in a] == [type(v) for v in b]  # numpy stays numpy
+
+
+def test_a_column_named_like_a_list_columns_lengths_is_refused(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"tok": [[1, 2], [3]], "tok_lengths": [7, 8]}),
+                   tmp_path / "a.parquet")
+    with pytest.raises(pqloader.InvalidArgumentError, match="'tok_lengths' has the name of the "
+                       "lengths that list column 'tok'"):
+        pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=2)
 
 
 # -- fixed_size_list columns ----------------------------------------------------------------------

@@ -44,6 +44,15 @@ def test_flatten_rebuilds_the_same_structure_around_new_tensors(batch: Any) -> N
     same(batch, doubled)
 
 
+def test_a_tuple_is_walked_whatever_comes_first() -> None:
+    """("meta", t): its tensor went unpinned and stayed off the device, unseen."""
+    t = torch.arange(4)
+    for batch in (("meta", t), (None, t), {"x": (3, t)}):
+        leaves, rebuild = flatten(batch)
+        assert len(leaves) == 1 and leaves[0] is t
+        assert rebuild([t + 1]) is not None
+
+
 def test_lists_of_strings_are_leaves_not_walked() -> None:
     text = [f"row {i}" for i in range(1000)]
     leaves, rebuild = flatten({"id": torch.arange(1000), "text": text})
