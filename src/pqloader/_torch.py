@@ -123,7 +123,7 @@ class Planner:
 
     def epoch_batches(self, epoch: int) -> int:
         """Batches this rank yields in ``epoch``: ``len(self)``, but for an epoch resumed under
-        another world, whose plan deals what the old ranks left (their padding too)."""
+        other settings, whose plan deals what the old ranks left (more or fewer batches)."""
         if self.origin is not None and self.origin[0] == epoch:
             return self.plan(epoch, 1).num_batches
         return len(self)
