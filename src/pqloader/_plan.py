@@ -23,10 +23,8 @@ The plan of one epoch, for one rank:
    ``(seed, epoch, start)``, ``start`` being the window's first virtual position.
 
 A worker reads *segments*: parts ``[start, stop)`` of windows' emission orders (a fresh epoch
-reads whole windows). Resuming with another world size or worker count takes what every old
-(rank, worker) had not yet delivered, as segments of the old windows (:func:`remaining`), and
-deals those rows to the new ranks and workers as in steps 2 and 3 (:func:`plan_remainder`). The
-windows keep their permutations, so no delivered row can come back.
+reads whole windows). Resuming with another world size or worker count deals what the old
+ranks left to the new world as in steps 2 and 3 (``_remainder.py``).
 """
 
 from __future__ import annotations
@@ -144,7 +142,7 @@ def fragment_order(num_fragments: int, *, seed: int, epoch: int, shuffle: bool) 
     return np.random.default_rng([seed, epoch]).permutation(num_fragments)
 
 
-def _walk(start: int, stop: int, bounds: np.ndarray) -> list[tuple[int, int, int, int]]:
+def walk(start: int, stop: int, bounds: np.ndarray) -> list[tuple[int, int, int, int]]:
     """Cover virtual positions ``[start, stop)`` of items with first positions ``bounds``.
 
     Returns ``(position, item, offset in the item, rows)`` pieces; positions past the total
@@ -173,7 +171,7 @@ class _Deal:
     workers: tuple[tuple[tuple[int, ...], tuple[int, ...], int, int], ...]
 
 
-def _deal(total: int, *, batch_size: int, rank: int, world_size: int, num_workers: int,
+def deal_rows(total: int, *, batch_size: int, rank: int, world_size: int, num_workers: int,
           drop_last: bool) -> _Deal:
     workers = max(1, num_workers)
     per_rank = epoch_rows(total, world_size=world_size, drop_last=drop_last)
@@ -213,14 +211,14 @@ def plan_epoch(
     if first_window_slices is None:
         first_window_slices = FIRST_WINDOW_SLICES  # read now, so that tests can change it
     rows = np.asarray(fragment_rows, dtype=np.int64)
-    deal = _deal(int(rows.sum()), batch_size=batch_size, rank=rank, world_size=world_size,
+    deal = deal_rows(int(rows.sum()), batch_size=batch_size, rank=rank, world_size=world_size,
                  num_workers=num_workers, drop_last=drop_last)
     order = fragment_order(len(rows), seed=seed, epoch=epoch, shuffle=shuffle)
     bounds = np.concatenate([[0], np.cumsum(rows[order])])
     plans = []
     for w, (positions, sizes, begin, end) in enumerate(deal.workers):
         pieces = [(pos, Slice(int(order[i]), off, off + n))
-                  for pos, i, off, n in _walk(begin, end, bounds)]
+                  for pos, i, off, n in walk(begin, end, bounds)]
         windows = _windows(pieces, seed, epoch, shuffle, window_rows, first_window_slices)
         plans.append(WorkerPlan(w, tuple(whole(x) for x in windows), sizes, positions))
     return RankPlan(deal.num_batches, tuple(plans))
@@ -235,145 +233,6 @@ def advance(segments: tuple[Segment, ...], rows: int) -> tuple[Segment, ...]:
         first = out[0]
         out[0] = Segment(first.window, first.start + rows, first.stop)
     return tuple(out)
-
-
-def remaining(old: list[RankPlan], batches_done: int) -> list[Segment]:
-    """What every rank of an old plan had not delivered after ``batches_done`` batches each.
-
-    In (rank, worker) order: one sequence that :func:`plan_remainder` deals out again. Rows
-    the old world repeated to pad its ranks even (``drop_last=False``) appear once, and not at
-    all when delivered already: the new world pads for itself, and carrying the old padding
-    too repeated up to (old ranks - 1) more rows than the contract allows.
-    """
-    delivered: list[Segment] = []
-    left: list[Segment] = []
-    for plan in old:
-        n = len(plan.workers)
-        for wp in plan.workers:
-            done = sum(wp.batch_sizes[:len(range(wp.worker, batches_done, n))])
-            delivered.extend(_first(wp.segments, done))
-            left.extend(advance(wp.segments, done))
-    # a remainder's padding repeats positions of its windows; a fresh epoch's, rows of its
-    # first windows in windows of its own: both kinds are dropped
-    seen: dict[Window, list[tuple[int, int]]] = {}
-    for segment in delivered:
-        _unseen(segment, seen)
-    left = [piece for segment in left for piece in _unseen(segment, seen)]
-    return _rows_once(delivered, left)
-
-
-_ROW_BITS = 40  # a row's id: fragment << _ROW_BITS | row in the fragment
-
-
-def _rows_once(delivered: list[Segment], left: list[Segment]) -> list[Segment]:
-    """``left`` without the rows that another window holds too (a fresh epoch's padding):
-    each once, and none that ``delivered`` holds. Only windows that share rows are permuted."""
-    owners: dict[int, list[tuple[int, int, Window]]] = {}
-    for window in {s.window for s in (*delivered, *left)}:
-        for sl in window.slices:
-            owners.setdefault(sl.fragment, []).append((sl.start, sl.stop, window))
-    shared: set[Window] = set()
-    for spans in owners.values():
-        spans.sort(key=lambda x: (x[0], x[1]))
-        reach, holder = -1, None
-        for start, stop, window in spans:
-            if start < reach and window is not holder:
-                shared.update((window, holder))  # type: ignore[arg-type]
-            if stop > reach:
-                reach, holder = stop, window
-    if not shared:
-        return left
-    emitted: dict[Window, np.ndarray] = {}
-
-    def rows(segment: Segment) -> np.ndarray:
-        w = segment.window
-        if w not in emitted:
-            ids = np.concatenate([(sl.fragment << _ROW_BITS) + np.arange(sl.start, sl.stop)
-                                  for sl in w.slices])
-            emitted[w] = ids[w.order()]
-        return emitted[w][segment.start:segment.stop]
-
-    seen: set[int] = set()
-    for segment in delivered:
-        if segment.window in shared:
-            seen.update(rows(segment).tolist())
-    out: list[Segment] = []
-    for segment in left:
-        if segment.window not in shared:
-            out.append(segment)
-            continue
-        keep = np.ones(segment.num_rows, dtype=bool)
-        for k, row in enumerate(rows(segment).tolist()):
-            keep[k] = row not in seen
-            seen.add(row)
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], keep.view(np.int8), [0]])))
-        out.extend(Segment(segment.window, segment.start + int(a), segment.start + int(b))
-                   for a, b in zip(edges[::2], edges[1::2], strict=True))
-    return out
-
-
-def _first(segments: tuple[Segment, ...], rows: int) -> list[Segment]:
-    """The segments of the first ``rows`` rows (what :func:`advance` leaves out)."""
-    out = []
-    for segment in segments:
-        if rows <= 0:
-            break
-        take = min(rows, segment.num_rows)
-        out.append(Segment(segment.window, segment.start, segment.start + take))
-        rows -= take
-    return out
-
-
-def _unseen(segment: Segment, seen: dict[Window, list[tuple[int, int]]]) -> list[Segment]:
-    """The parts of ``segment`` whose rows ``seen`` does not hold yet; they are added to it.
-
-    ``seen`` maps a window to the sorted, disjoint ranges of its positions met so far.
-    """
-    ranges = seen.setdefault(segment.window, [])
-    out, at = [], segment.start
-    for a, b in ranges:
-        if b <= at:
-            continue
-        if a >= segment.stop:
-            break
-        if a > at:
-            out.append(Segment(segment.window, at, a))
-        at = max(at, b)
-    if at < segment.stop:
-        out.append(Segment(segment.window, at, segment.stop))
-    merged = sorted([*ranges, *((p.start, p.stop) for p in out)])
-    ranges[:] = []
-    for a, b in merged:
-        if ranges and a <= ranges[-1][1]:
-            ranges[-1] = (ranges[-1][0], max(ranges[-1][1], b))
-        else:
-            ranges.append((a, b))
-    return out
-
-
-def plan_remainder(
-    segments: list[Segment],
-    *,
-    batch_size: int,
-    rank: int,
-    world_size: int,
-    num_workers: int,
-    drop_last: bool,
-    first_position: int,
-) -> RankPlan:
-    """Deal the rows of ``segments`` to ranks and workers, as a fresh epoch deals row groups."""
-    sizes_ = np.asarray([s.num_rows for s in segments], dtype=np.int64)
-    deal = _deal(int(sizes_.sum()), batch_size=batch_size, rank=rank, world_size=world_size,
-                 num_workers=num_workers, drop_last=drop_last)
-    bounds = np.concatenate([[0], np.cumsum(sizes_)])
-    plans = []
-    for w, (positions, sizes, begin, end) in enumerate(deal.workers):
-        cut = tuple(
-            Segment(segments[i].window, segments[i].start + off, segments[i].start + off + n)
-            for _, i, off, n in _walk(begin, end, bounds)
-        )
-        plans.append(WorkerPlan(w, cut, sizes, positions))
-    return RankPlan(deal.num_batches, tuple(plans), first_position)
 
 
 def _windows(

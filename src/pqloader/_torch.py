@@ -17,7 +17,8 @@ from ._errors import InvalidArgumentError, check_positive
 from ._memory import RESERVE_BYTES, WINDOWS_PER_STREAM, MemoryBudget, window_bytes
 from ._pack import compact
 from ._pipeline import Stages, finish, raw_batches, worker_batches
-from ._plan import RankPlan, num_batches, plan_epoch, plan_remainder, remaining
+from ._plan import RankPlan, num_batches, plan_epoch
+from ._remainder import plan_remainder, remaining
 from ._state import fingerprint
 from ._world import resolve_world
 

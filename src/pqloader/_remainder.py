@@ -1,0 +1,153 @@
+"""Elastic resume: what an old plan's ranks had not delivered, dealt to a new world.
+
+A state saved under other settings (world size, batch size, workers) resumes by taking what
+every old (rank, worker) had not yet delivered, as segments of the old windows
+(:func:`remaining`), each row once, and dealing those rows to the new ranks and workers as a
+fresh epoch deals row groups (:func:`plan_remainder`). The windows keep their permutations,
+so no delivered row can come back. Pure, like ``_plan.py``: no IO, no torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._plan import RankPlan, Segment, Window, WorkerPlan, advance, deal_rows, walk
+
+
+def remaining(old: list[RankPlan], batches_done: int) -> list[Segment]:
+    """What every rank of an old plan had not delivered after ``batches_done`` batches each.
+
+    In (rank, worker) order: one sequence that :func:`plan_remainder` deals out again. Rows
+    the old world repeated to pad its ranks even (``drop_last=False``) appear once, and not at
+    all when delivered already: the new world pads for itself, and carrying the old padding
+    too repeated up to (old ranks - 1) more rows than the contract allows.
+    """
+    delivered: list[Segment] = []
+    left: list[Segment] = []
+    for plan in old:
+        n = len(plan.workers)
+        for wp in plan.workers:
+            done = sum(wp.batch_sizes[:len(range(wp.worker, batches_done, n))])
+            delivered.extend(_first(wp.segments, done))
+            left.extend(advance(wp.segments, done))
+    # a remainder's padding repeats positions of its windows; a fresh epoch's, rows of its
+    # first windows in windows of its own: both kinds are dropped
+    seen: dict[Window, list[tuple[int, int]]] = {}
+    for segment in delivered:
+        _unseen(segment, seen)
+    left = [piece for segment in left for piece in _unseen(segment, seen)]
+    return _rows_once(delivered, left)
+
+
+_ROW_BITS = 40  # a row's id: fragment << _ROW_BITS | row in the fragment
+
+
+def _rows_once(delivered: list[Segment], left: list[Segment]) -> list[Segment]:
+    """``left`` without the rows that another window holds too (a fresh epoch's padding):
+    each once, and none that ``delivered`` holds. Only windows that share rows are permuted."""
+    owners: dict[int, list[tuple[int, int, Window]]] = {}
+    for window in {s.window for s in (*delivered, *left)}:
+        for sl in window.slices:
+            owners.setdefault(sl.fragment, []).append((sl.start, sl.stop, window))
+    shared: set[Window] = set()
+    for spans in owners.values():
+        spans.sort(key=lambda x: (x[0], x[1]))
+        reach, holder = -1, None
+        for start, stop, window in spans:
+            if start < reach and window is not holder:
+                shared.update((window, holder))  # type: ignore[arg-type]
+            if stop > reach:
+                reach, holder = stop, window
+    if not shared:
+        return left
+    emitted: dict[Window, np.ndarray] = {}
+
+    def rows(segment: Segment) -> np.ndarray:
+        w = segment.window
+        if w not in emitted:
+            ids = np.concatenate([(sl.fragment << _ROW_BITS) + np.arange(sl.start, sl.stop)
+                                  for sl in w.slices])
+            emitted[w] = ids[w.order()]
+        return emitted[w][segment.start:segment.stop]
+
+    seen: set[int] = set()
+    for segment in delivered:
+        if segment.window in shared:
+            seen.update(rows(segment).tolist())
+    out: list[Segment] = []
+    for segment in left:
+        if segment.window not in shared:
+            out.append(segment)
+            continue
+        keep = np.ones(segment.num_rows, dtype=bool)
+        for k, row in enumerate(rows(segment).tolist()):
+            keep[k] = row not in seen
+            seen.add(row)
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], keep.view(np.int8), [0]])))
+        out.extend(Segment(segment.window, segment.start + int(a), segment.start + int(b))
+                   for a, b in zip(edges[::2], edges[1::2], strict=True))
+    return out
+
+
+def _first(segments: tuple[Segment, ...], rows: int) -> list[Segment]:
+    """The segments of the first ``rows`` rows (what :func:`advance` leaves out)."""
+    out = []
+    for segment in segments:
+        if rows <= 0:
+            break
+        take = min(rows, segment.num_rows)
+        out.append(Segment(segment.window, segment.start, segment.start + take))
+        rows -= take
+    return out
+
+
+def _unseen(segment: Segment, seen: dict[Window, list[tuple[int, int]]]) -> list[Segment]:
+    """The parts of ``segment`` whose rows ``seen`` does not hold yet; they are added to it.
+
+    ``seen`` maps a window to the sorted, disjoint ranges of its positions met so far.
+    """
+    ranges = seen.setdefault(segment.window, [])
+    out, at = [], segment.start
+    for a, b in ranges:
+        if b <= at:
+            continue
+        if a >= segment.stop:
+            break
+        if a > at:
+            out.append(Segment(segment.window, at, a))
+        at = max(at, b)
+    if at < segment.stop:
+        out.append(Segment(segment.window, at, segment.stop))
+    merged = sorted([*ranges, *((p.start, p.stop) for p in out)])
+    ranges[:] = []
+    for a, b in merged:
+        if ranges and a <= ranges[-1][1]:
+            ranges[-1] = (ranges[-1][0], max(ranges[-1][1], b))
+        else:
+            ranges.append((a, b))
+    return out
+
+
+def plan_remainder(
+    segments: list[Segment],
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    num_workers: int,
+    drop_last: bool,
+    first_position: int,
+) -> RankPlan:
+    """Deal the rows of ``segments`` to ranks and workers, as a fresh epoch deals row groups."""
+    sizes_ = np.asarray([s.num_rows for s in segments], dtype=np.int64)
+    deal = deal_rows(int(sizes_.sum()), batch_size=batch_size, rank=rank, world_size=world_size,
+                 num_workers=num_workers, drop_last=drop_last)
+    bounds = np.concatenate([[0], np.cumsum(sizes_)])
+    plans = []
+    for w, (positions, sizes, begin, end) in enumerate(deal.workers):
+        cut = tuple(
+            Segment(segments[i].window, segments[i].start + off, segments[i].start + off + n)
+            for _, i, off, n in walk(begin, end, bounds)
+        )
+        plans.append(WorkerPlan(w, cut, sizes, positions))
+    return RankPlan(deal.num_batches, tuple(plans), first_position)
