@@ -98,7 +98,8 @@ def read_state(state: Mapping[str, Any], dataset: Mapping[str, Any],
             f"the state is from another dataset ({saved.get('files')} files, "
             f"{saved.get('rows')} rows, digest {saved.get('digest')}); this one has "
             f"{dataset['files']} files, {dataset['rows']} rows, digest {dataset['digest']}: "
-            "files, sizes, row groups or schema differ"
+            "files, sizes, row groups, schema or filter differ (columns= and filter= count: "
+            "open the dataset as the run that saved the state did)"
         )
     saved_settings = state.get("settings")
     if not isinstance(saved_settings, Mapping) or set(saved_settings) != set(settings):
