@@ -62,8 +62,7 @@ class RowFilter:
         try:
             return table.filter(self.expression)
         except (pa.ArrowException, ValueError) as exc:
-            raise DataError(f"{where}: filter {self.text} failed on its values ({exc}); "
-                            "change the filter") from exc
+            raise self._failed(where, exc) from exc
 
     def mask(self, table: pa.Table, where: str) -> np.ndarray:
         """Whether the filter keeps each row of ``table``: a bool per row, without copying the
@@ -74,10 +73,14 @@ class RowFilter:
         try:
             keep = plan.to_table(use_threads=False).column(0)  # one thread: rows in order
         except (pa.ArrowException, ValueError) as exc:
-            raise DataError(f"{where}: filter {self.text} failed on its values ({exc}); "
-                            "change the filter") from exc
+            raise self._failed(where, exc) from exc
         out: np.ndarray = pc.fill_null(keep, False).to_numpy(zero_copy_only=False)
         return out
+
+    def _failed(self, where: str, exc: Exception) -> DataError:
+        """The error of an expression failing on these values (an overflow, a bad cast)."""
+        return DataError(f"{where}: filter {self.text} failed on its values ({exc}); change "
+                         "the filter")
 
 
 def _key(expression: pc.Expression) -> str:
