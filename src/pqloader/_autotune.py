@@ -3,7 +3,7 @@
 ``num_workers="auto"`` plans the epoch for one stream (the order of ``num_workers=0``), read
 ``S`` windows ahead (one per core, at most 8), and lets this tuner choose, while batches flow,
 how many threads make its batches: from ``S`` down to none (the caller makes batches itself).
-The order of batches never depends on the choice (see ``_deliver.SharedStream``), so tuning
+The order of batches never depends on the choice (see ``_shared.SharedStream``), so tuning
 changes speed only.
 
 The rate is noisy on a shared machine: one count's rate swung 2-3x between seconds here, more

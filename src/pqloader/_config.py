@@ -17,6 +17,9 @@ from ._world import World
 WorkerType = Literal["thread", "process"]
 MAX_AUTO_WORKERS = 8  # num_workers="auto": threads and windows read ahead, one per core, at most
 DEFAULT_WINDOW_BYTES = 64 * 2**20  # per worker: the shuffle quality / memory knob's default
+# timeout= counts from when the workers have started (processes imported their modules, each
+# worker_init_fn returned): starting may take this long more before it is an error too.
+START_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,7 @@ next batch is due first, as long as it lies within ``depth`` batches of the cons
 itself (so zero threads is the caller alone). So the number of active
 threads can change at any batch (the autotuner does) without changing a single batch.
 
-:class:`SharedStream` makes ``S`` such streams out of one (``num_workers="auto"``): its batches
-are cut in order under a lock and finished (collated, transformed) by whichever thread asked.
+``_shared.SharedStream`` makes ``S`` such streams out of one (``num_workers="auto"``).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ._config import START_GRACE_S
 from ._errors import LoaderTimeoutError
 from ._threads import close_at_exit, track
 
@@ -42,7 +42,8 @@ class Delivery:
         finish: applied to each batch in the thread that made it (pinning).
         worker_init_fn: called in each thread, with its index, before its first batch.
         timeout_s: seconds the caller waits for a batch before :class:`LoaderTimeoutError`
-            (0: forever).
+            (0: forever), counted once every thread's ``worker_init_fn`` has returned (those
+            may take ``START_GRACE_S`` more).
         where: describes the rank and epoch in error notes.
     """
 
@@ -74,6 +75,9 @@ class Delivery:
         self._ready = threading.Condition(self._lock)  # the caller, for its batch
         self._closed = False
         self._fatal: BaseException | None = None  # a worker_init_fn's error, for the caller
+        self._born = time.perf_counter()
+        self._starting = max(0, max_threads) if worker_init_fn is not None else 0
+        self._up_at = self._born  # when the last worker_init_fn returned
         self._pool = [track(threading.Thread(target=self._run, args=(i,), daemon=True,
                                              name=f"pqloader-worker-{i}"))
                       for i in range(max(0, max_threads))]
@@ -155,6 +159,11 @@ class Delivery:
                 self._fatal = self._fatal or exc
                 self._ready.notify()
             return
+        finally:
+            if self._init is not None:
+                with self._lock:
+                    self._starting -= 1
+                    self._up_at = time.perf_counter()
         while True:
             with self._lock:
                 while True:
@@ -198,19 +207,30 @@ class Delivery:
                     raise RuntimeError(f"pqloader worker threads died before batch {k} "
                                        f"({self._where})")
                 self._ready.wait(_POLL_S)
-                waited = time.perf_counter() - began
-                if self._timeout_s and waited >= self._timeout_s and k not in self._done:
-                    raise LoaderTimeoutError(
-                        f"no batch within timeout={self._timeout_s} s (batch {k}, "
-                        f"{self._where}); raise timeout= or look for a slow file system or "
-                        "transform"
-                    )
+                if self._timeout_s and k not in self._done:
+                    self._check_time(k, began)
             kind, value = self._done.pop(k)
             self._waiting_for = k + 1
             self._offer()  # one more batch may be made ahead
         if kind == "error":
             raise value
         return value
+
+    def _check_time(self, k: int, began: float) -> None:
+        """Raise if batch ``k``, asked for at ``began``, is late (lock held)."""
+        now = time.perf_counter()
+        if self._starting:
+            limit = START_GRACE_S + self._timeout_s
+            if now - self._born >= limit:
+                raise LoaderTimeoutError(
+                    f"worker_init_fn had not returned in every pqloader worker thread within "
+                    f"{limit:g} s ({self._where}); look for a worker_init_fn that does not "
+                    "return")
+        elif now - max(began, self._up_at) >= self._timeout_s:
+            raise LoaderTimeoutError(
+                f"no batch within timeout={self._timeout_s} s (batch {k}, {self._where}); "
+                "raise timeout= or look for a slow file system or transform"
+            )
 
     def __iter__(self) -> Iterator[Any]:
         try:
@@ -225,84 +245,6 @@ class Delivery:
         with self._lock:
             if self._fatal is not None:
                 raise self._fatal
-
-
-class SharedStream:
-    """One stream's batches for several threads: cut in order under a lock, finished outside it.
-
-    ``num_workers="auto"`` plans one stream, so its batches are those of ``num_workers=0``
-    whatever the tuner does. :meth:`streams` deals them to ``n`` views for :class:`Delivery`
-    (view ``s`` makes the batches ``k % n == s``): a thread asking for batch ``k`` cuts every
-    batch before it that is not cut yet (cheap: slices of the permuted window), keeps those
-    for the views they belong to, and collates and transforms ``k`` (the costly part) without
-    the lock, beside the other threads.
-
-    Args:
-        raw: the stream's cut batches, from batch ``start`` on.
-        finish: makes a cut batch what the user sees.
-    """
-
-    def __init__(self, raw: Iterator[Any], *, start: int, finish: Callable[[Any], Any]) -> None:
-        self._raw = raw
-        self._finish = finish
-        self._lock = threading.Lock()
-        self._cut: dict[int, Any] = {}  # cut, not yet taken
-        self._next = start  # the next batch to cut
-        self._error: tuple[int, BaseException] | None = None
-        self._closed = False
-
-    def _take(self, k: int) -> Any:
-        try:
-            with self._lock:
-                while k not in self._cut and self._error is None:
-                    try:
-                        self._cut[self._next] = next(self._raw)
-                    except StopIteration:
-                        self._error = (self._next, RuntimeError(
-                            f"pqloader's stream ended before batch {self._next}; this is a bug "
-                            "in pqloader, please report it"))
-                    except BaseException as error:
-                        self._error = (self._next, error)
-                    else:
-                        self._next += 1
-                if k in self._cut:
-                    return self._cut.pop(k)
-                assert self._error is not None
-                failed, exc = self._error
-                if k == failed:
-                    raise exc
-                raise RuntimeError(f"pqloader batch {failed} failed before this one") from exc
-        finally:
-            self._close_if_closed()  # after the release: close() may have found the lock held
-
-    def _view(self, first: int, stop: int, step: int) -> Iterator[Any]:
-        for k in range(first, stop, step):
-            yield self._finish(self._take(k))
-
-    def streams(self, n: int, stop: int) -> list[Iterator[Any]]:
-        """``n`` views for :class:`Delivery` over batches ``start .. stop - 1``."""
-        start = self._next
-        return [self._view(start + (s - start) % n, stop, n) for s in range(n)]
-
-    def _close_raw(self) -> None:
-        close = getattr(self._raw, "close", None)
-        if close is not None:
-            close()
-        self._cut.clear()
-
-    def close(self) -> None:
-        """Stop reading ahead. A thread cutting now closes the stream when it is done."""
-        self._closed = True
-        self._close_if_closed()
-
-    def _close_if_closed(self) -> None:
-        """Close the stream if closing was asked and no thread holds it. Whoever releases the
-        lock last after ``close()`` sets the flag sees it here, so one of them closes."""
-        if self._closed and self._lock.acquire(blocking=False):
-            try:
-                self._close_raw()
-            finally:
-                self._lock.release()
 
 
 class OncePerIndex:

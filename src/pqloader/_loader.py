@@ -62,7 +62,8 @@ class DataLoader:
             initialised, else a single rank.
         pin_memory, timeout, worker_init_fn, persistent_workers, prefetch_factor,
         multiprocessing_context: as for ``torch.utils.data.DataLoader``; ``timeout`` (seconds,
-            0 = wait forever) raises :class:`pqloader.LoaderTimeoutError`. Pinned batches keep
+            0 = wait forever) raises :class:`pqloader.LoaderTimeoutError`, counted from when
+            the workers are up (started, ``worker_init_fn`` returned; that may take 60 s more). Pinned batches keep
             their tensors of one dtype and shape in one slab of page-locked memory.
         device: a CUDA device (``"cuda"``, ``"cuda:1"``): batches arrive there. Each batch
             is staged in pinned memory and crosses in one copy, on a side stream; the caller's

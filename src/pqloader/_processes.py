@@ -3,18 +3,22 @@
 The rank's plan runs as a :class:`TorchIterable` inside ``torch.utils.data.DataLoader``, which
 starts the processes, hands batches back through shared memory and, with pinning asked, pins
 them on its own thread. A timeout becomes :class:`LoaderTimeoutError`, and stuck workers are
-stopped rather than joined.
+stopped rather than joined. As with threads, ``timeout`` counts from when the workers are up:
+torch's own counts their start (a spawned worker imports torch: seconds on a busy machine), so
+a timeout that catches a stalled read also failed every epoch's start.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.utils.data
 
-from ._config import WorkerConfig
+from ._config import START_GRACE_S, WorkerConfig
 from ._errors import LoaderTimeoutError
 from ._torch import Planner, TorchIterable
 
@@ -37,11 +41,15 @@ class ProcessDelivery:
         """Batches ``start ..`` of ``epoch``, each passed through ``receive`` in this thread."""
         w = self._workers
         loader = self._loader
+        up = None  # counts the workers started, when this call starts them
         if loader is None:
+            # spawn's semaphore passes to workers however they start (a fork one fails spawn)
+            up = multiprocessing.get_context("spawn").Semaphore(0)
             loader = torch.utils.data.DataLoader(
                 TorchIterable.from_planner(self._planner), batch_size=None,
                 num_workers=w.num_workers, pin_memory=self._pin, timeout=w.timeout,
-                worker_init_fn=w.worker_init_fn, persistent_workers=w.persistent_workers,
+                worker_init_fn=_Started(up, w.worker_init_fn),
+                persistent_workers=w.persistent_workers,
                 prefetch_factor=w.prefetch_factor,
                 multiprocessing_context=w.multiprocessing_context,
                 collate_fn=as_made,  # not torch's default_convert: tuples stayed no tuples
@@ -51,6 +59,8 @@ class ProcessDelivery:
         loader.dataset.set_epoch(epoch, start)  # type: ignore[attr-defined]
         it = iter(loader)
         try:
+            if up is not None and w.timeout:
+                _await_start(it, up, w.num_workers, w.timeout)
             yield from map(receive, it)
         except RuntimeError as exc:
             self.forget()  # persistent ones may be dead or stuck: the next epoch starts anew
@@ -72,6 +82,40 @@ class ProcessDelivery:
             # its workers with it, until a GC pass blocks on joining them: stop them now.
             if not w.persistent_workers and hasattr(it, "_shutdown_workers"):
                 it._shutdown_workers()
+
+
+class _Started:
+    """The ``worker_init_fn`` torch runs: the user's, then one count of a worker up."""
+
+    def __init__(self, up: Any, init: Callable[[int], Any] | None) -> None:
+        self.up = up
+        self.init = init
+
+    def __call__(self, worker_id: int) -> None:
+        try:
+            if self.init is not None:
+                self.init(worker_id)  # its error reaches the caller with the first batch
+        finally:
+            self.up.release()
+
+
+def _await_start(it: Any, up: Any, workers: int, timeout: float) -> None:
+    """Wait for ``workers`` processes to be up, at most ``START_GRACE_S + timeout`` s; a
+    worker that died is left for torch's iterator to report."""
+    limit = START_GRACE_S + timeout
+    deadline = time.monotonic() + limit
+    for _ in range(workers):
+        while not up.acquire(timeout=0.1):
+            processes = getattr(it, "_workers", ())
+            if any(not p.is_alive() for p in processes):
+                return
+            if time.monotonic() >= deadline:
+                for process in processes:  # stuck: joining them would hang
+                    process.terminate()
+                raise LoaderTimeoutError(
+                    f"worker processes had not started within {limit:g} s (importing modules, "
+                    "running worker_init_fn); look for a worker_init_fn that does not return"
+                )
 
 
 def _shut_down(it: Any, persistent: bool) -> None:

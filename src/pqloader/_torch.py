@@ -12,13 +12,13 @@ import torch.utils.data
 
 from ._collate import column_kinds
 from ._config import LoaderConfig, bytes_per_row
-from ._deliver import SharedStream
 from ._errors import InvalidArgumentError, check_positive
 from ._memory import RESERVE_BYTES, WINDOWS_PER_STREAM, MemoryBudget, window_bytes
 from ._pack import compact
 from ._pipeline import Stages, finish, raw_batches, worker_batches
 from ._plan import RankPlan, num_batches, plan_epoch
 from ._remainder import plan_remainder, remaining
+from ._shared import SharedStream
 from ._state import fingerprint
 from ._world import resolve_world
 

@@ -11,7 +11,8 @@ import pytest
 
 from pqloader import LoaderTimeoutError
 from pqloader._autotune import ThreadTuner
-from pqloader._deliver import Delivery, SharedStream
+from pqloader._deliver import Delivery
+from pqloader._shared import SharedStream
 
 
 def _streams(num: int, start: int, stop: int, closed: list[int] | None = None,
