@@ -16,6 +16,7 @@ from ._discover import Discovery, discover, read_footers
 from ._errors import InvalidArgumentError
 from ._fs import make_store
 from ._kept import count_kept
+from ._measure import measure_strings
 from ._read import FragmentReader
 from ._retry import RetryPolicy
 
@@ -113,8 +114,8 @@ class ParquetDataset:
         store = make_store(source, storage_options, filesystem, retry)
         if cache is not None and not isinstance(cache, Cache):
             cache = Cache(cache)
-        discovery = discover(source, columns, filter=filter, store=store,
-                             cache=cache if store is not None else None)
+        discovery = measure_strings(discover(source, columns, filter=filter, store=store,
+                                             cache=cache if store is not None else None))
         if discovery.filter is not None:
             discovery = count_kept(discovery)
         self.__setstate__({"discovery": discovery, "verify_checksums": bool(verify_checksums)})

@@ -63,8 +63,9 @@ class DataLoader:
         pin_memory, timeout, worker_init_fn, persistent_workers, prefetch_factor,
         multiprocessing_context: as for ``torch.utils.data.DataLoader``; ``timeout`` (seconds,
             0 = wait forever) raises :class:`pqloader.LoaderTimeoutError`, counted from when
-            the workers are up (started, ``worker_init_fn`` returned; that may take 60 s more). Pinned batches keep
-            their tensors of one dtype and shape in one slab of page-locked memory.
+            the workers are up (started, ``worker_init_fn`` returned; that may take 60 s
+            more). Pinned batches keep their tensors of one dtype and shape in one slab of
+            page-locked memory.
         device: a CUDA device (``"cuda"``, ``"cuda:1"``): batches arrive there. Each batch
             is staged in pinned memory and crosses in one copy, on a side stream; the caller's
             current stream waits for it, so use the batch on that stream. ``"cuda"`` is the

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._sizes import RowBytes, row_bytes
+from ._sizes import RowBytes, dictionary_strings, row_bytes
 
 NAME = "_pqloader_manifest.json"
 FORMAT = "pqloader.manifest"
@@ -46,23 +46,34 @@ class Manifest:
 
 def write_manifest(root: Path, paths: list[str]) -> None:
     """Describe ``paths`` (all in ``root``) in ``root/_pqloader_manifest.json``, atomically."""
+    if not paths:
+        return
+    footers = [pq.read_metadata(path) for path in paths]
+    measured = _measured(paths, footers)
     files = []
-    schema = None
-    for path in paths:
-        md = pq.read_metadata(path)
-        schema = schema or md.schema.to_arrow_schema()
+    for path, md in zip(paths, footers, strict=True):
         groups = [md.row_group(i) for i in range(md.num_row_groups)]
         files.append({"name": os.path.relpath(path, root), "size": os.path.getsize(path),
                       "rows": [g.num_rows for g in groups],
                       "bytes": [g.total_byte_size for g in groups],
-                      "row_bytes": row_bytes(md)})
-    if schema is None:
-        return
+                      "row_bytes": row_bytes(md, measured)})
+    schema = footers[0].schema.to_arrow_schema()
     body = {"format": FORMAT, "version": VERSION, "files": files,
             "schema": base64.b64encode(schema.serialize().to_pybytes()).decode()}
     tmp = root / f".{NAME}.tmp-{uuid.uuid4().hex}"
     tmp.write_text(json.dumps(body, separators=(",", ":")), encoding="utf-8")
     os.replace(tmp, root / NAME)
+
+
+def _measured(paths: list[str], footers: list[pq.FileMetaData]) -> RowBytes:
+    """Decoded bytes per row of the dictionary-encoded strings of the first file that has any,
+    read from it, as ``_measure.py`` does when a dataset opens without a manifest."""
+    for path, md in zip(paths, footers, strict=True):
+        rg, names = dictionary_strings(md)
+        if names:
+            table = pq.ParquetFile(path, metadata=md).read_row_group(rg, columns=names)
+            return {n: table.column(n).nbytes / max(1, table.num_rows) for n in names}
+    return {}
 
 
 def read_manifest(root: Path, paths: list[Path]) -> Manifest | None:

@@ -6,7 +6,10 @@ decoded size of W1's float32 columns and 0.5x that of W2's token lists (measured
 a fixed width, the decoded size is exact from the value count: ``num_values`` (nulls included,
 as Arrow keeps their slots) times the width, plus a 4-byte offset per row for each list level.
 Strings and binaries keep their encoded size (at least a 4-byte offset per value): their
-lengths are not in the footer.
+lengths are not in the footer. A dictionary-encoded one's encoded size counts each distinct value
+once, so a column of a few category names measured 12 bytes a row against 85 decoded: windows
+7x the size asked for. Opening a dataset measures those (``_measure.py``): it reads one small
+row group of them and passes their decoded bytes per row to :func:`row_bytes`.
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ _WIDTH = {"BOOLEAN": 0.125, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8,
           "INT96": 8}  # INT96 timestamps decode to 8-byte ones
 
 
-def row_bytes(md: pq.FileMetaData) -> RowBytes | None:
+_SAMPLE_BYTES = 8 << 20  # the most encoded bytes of dictionary strings read to measure them
+
+
+def row_bytes(md: pq.FileMetaData, measured: RowBytes | None = None) -> RowBytes | None:
     """Decoded bytes per row of each top-level column, from the file's largest row group
-    (``None`` for a file without rows)."""
-    if md.num_row_groups == 0:
-        return None
-    rg = max((md.row_group(i) for i in range(md.num_row_groups)), key=lambda g: g.num_rows)
-    if rg.num_rows == 0:
+    (``None`` for a file without rows). ``measured``: decoded bytes per row of dictionary-encoded
+    string columns (:func:`dictionary_strings`), used where this file's are dictionary-encoded too.
+    """
+    rg = _largest(md)
+    if rg is None:
         return None
     owners = leaf_owners(md)
     out: RowBytes = {}
@@ -42,8 +48,45 @@ def row_bytes(md: pq.FileMetaData) -> RowBytes | None:
             size = max(chunk.total_uncompressed_size, 4 * chunk.num_values)
         size += 4 * rg.num_rows * leaf.max_repetition_level  # list offsets
         name = owners[i] if owners else chunk.path_in_schema.split(".", 1)[0]
+        if measured and name in measured and kind == "BYTE_ARRAY" and chunk.has_dictionary_page:
+            size = max(size, measured[name] * rg.num_rows)
         out[name] = out.get(name, 0.0) + size / rg.num_rows
     return out
+
+
+def dictionary_strings(md: pq.FileMetaData) -> tuple[int, list[str]]:
+    """The top-level string and binary columns of ``md`` whose largest row group stores them
+    with a dictionary, small enough to read (``_SAMPLE_BYTES`` together): (that row group, their
+    names). Their footer sizes undercount them; a read measures them."""
+    rg = _largest(md)
+    fields = [f for f in md.schema.to_arrow_schema() for _ in range(leaf_count(f.type))]
+    if rg is None or len(fields) != rg.num_columns:
+        return 0, []
+    names: list[str] = []
+    total = 0
+    for i, field in enumerate(fields):
+        chunk = rg.column(i)
+        if (chunk.physical_type == "BYTE_ARRAY" and chunk.has_dictionary_page
+                and _is_flat_bytes(field.type)
+                and total + chunk.total_compressed_size <= _SAMPLE_BYTES):
+            names.append(field.name)
+            total += chunk.total_compressed_size
+    index = max(range(md.num_row_groups), key=lambda i: md.row_group(i).num_rows)
+    return index, names
+
+
+def _is_flat_bytes(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t) or pa.types.is_string_view(t)
+                or pa.types.is_binary_view(t))
+
+
+def _largest(md: pq.FileMetaData) -> pq.RowGroupMetaData | None:
+    """The row group with the most rows (``None`` if no row group has rows)."""
+    if md.num_row_groups == 0:
+        return None
+    rg = max((md.row_group(i) for i in range(md.num_row_groups)), key=lambda g: g.num_rows)
+    return rg if rg.num_rows > 0 else None
 
 
 def leaf_owners(md: pq.FileMetaData) -> list[str] | None:

@@ -50,7 +50,7 @@ def test_processes_that_never_start_are_an_error(make_dataset: Any,
     loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_type="process",
                                  timeout=0.5, worker_init_fn=_SlowInit(600))
     began = time.monotonic()
-    with pytest.raises(pqloader.LoaderTimeoutError, match="had not started within 1.5 s"):
+    with pytest.raises(pqloader.LoaderTimeoutError, match=r"had not started within 1\.5 s"):
         list(loader)
     assert time.monotonic() - began < 10  # the stuck processes were stopped, not joined
 
@@ -64,7 +64,7 @@ def test_threads_that_never_start_are_an_error(make_dataset: Any,
                                  worker_init_fn=lambda i: release.wait(60))
     try:
         with pytest.raises(pqloader.LoaderTimeoutError,
-                           match="worker_init_fn had not returned .* within 1.5 s"):
+                           match=r"worker_init_fn had not returned .* within 1\.5 s"):
             list(loader)
     finally:
         release.set()

@@ -449,6 +449,45 @@ def test_window_sizes_come_from_decoded_bytes_with_or_without_manifest(tmp_path:
     assert 0.9 < _decoded(tmp_path, ["x"]) / x < 1.1  # a projection counts its columns only
 
 
+def _categories(tmp_path: Path) -> Path:
+    """Strings of 50 category names, dictionary-encoded (the writers' default): their footers
+    count each name once a row group, 7x less than they take decoded."""
+    rng = np.random.default_rng(0)
+    names = np.array([f"category-{i:02d}-" + "x" * 60 for i in range(50)])
+    table = pa.table({"id": np.arange(40_000), "cat": names[rng.integers(0, 50, 40_000)],
+                      "text": [f"row {i}" for i in range(40_000)]})
+    pqloader.write_dataset(table, tmp_path, rows_per_file=10_000, row_group_size=5000)
+    return tmp_path
+
+
+def test_dictionary_encoded_strings_are_measured_not_guessed(tmp_path: Path) -> None:
+    path = _categories(tmp_path)
+    decoded = _decoded(path)
+    with_manifest = pqloader.ParquetDataset(path)._discovery.byte_size
+    (path / "_pqloader_manifest.json").unlink()
+    footers = pqloader.ParquetDataset(path)._discovery.byte_size
+    assert np.array_equal(with_manifest, footers)
+    assert 0.9 < decoded / footers.sum() < 1.1  # was 3.7x (the categories alone 19x)
+    cat = pqloader.ParquetDataset(path, columns=["cat"])._discovery.byte_size.sum()
+    assert 0.9 < _decoded(path, ["cat"]) / cat < 1.1
+    one = pqloader.ParquetDataset(path, columns=["id"])._discovery.byte_size.sum()
+    assert one == 8 * 40_000  # nothing measured for a projection without them
+
+
+def test_dictionary_encoded_strings_are_measured_remotely(tmp_path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    path = _categories(tmp_path / "d")
+    (path / "_pqloader_manifest.json").unlink()
+    memory = fsspec.filesystem("memory")
+    root = f"/categories-{tmp_path.name}"
+    for f in sorted(path.glob("*.parquet")):
+        memory.pipe(f"{root}/{f.name}", f.read_bytes())
+    ds = pqloader.ParquetDataset(f"memory://{root}/", columns=["cat"])
+    assert 0.9 < _decoded(path, ["cat"]) / ds._discovery.byte_size.sum() < 1.1
+    assert np.array_equal(ds._discovery.byte_size,
+                          pqloader.ParquetDataset(path, columns=["cat"])._discovery.byte_size)
+
+
 def test_a_version_1_manifest_is_still_read(tmp_path: Path) -> None:
     pqloader.write_dataset(pa.table({"id": np.arange(100)}), tmp_path, rows_per_file=50)
     manifest = tmp_path / "_pqloader_manifest.json"

@@ -1,0 +1,56 @@
+"""Dictionary-encoded strings, measured when a dataset opens: their footer sizes count each
+distinct value once (``_sizes.py``), and shuffle windows are sized from them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+
+from ._discover import Discovery
+from ._errors import PQLoaderError
+from ._read import FragmentReader
+from ._sizes import dictionary_strings, fragment_bytes, row_bytes
+
+
+def measure_strings(d: Discovery) -> Discovery:
+    """``d`` with its row groups' decoded sizes re-estimated from one read: the dictionary-
+    encoded string columns of the first file that has any (at most 8 MiB of them, encoded).
+    Their decoded bytes per row there stand for every file's dictionary-encoded chunks of them.
+
+    Opened from a manifest (no footer in hand), ``d`` is as the manifest's sizes made it: they
+    were measured when it was written. A read that fails leaves the footer's estimate: reading
+    the row group later reports the file (or skips it, where asked) as it would have.
+    """
+    found = _sample(d)
+    if found is None:
+        return d
+    fragment, names = found
+    sample = replace(d, schema=pa.schema([d.schema.field(n) for n in names]), filter=None)
+    try:
+        table = FragmentReader(sample).read(fragment)
+    except (PQLoaderError, OSError, pa.ArrowException):
+        return d
+    measured = {n: table.column(n).nbytes / max(1, table.num_rows) for n in names}
+    footers = [e.metadata for e in d.files]  # every file's, as the first's (not a manifest)
+    per_file = [row_bytes(md, measured) for md in footers]
+    byte_size = [  # as _discover's index computes them, with the measured strings
+        fragment_bytes(n, per_file[f], d.schema.names, footers[f].row_group(rg).total_byte_size)
+        for f, rg, n in zip(d.file_index.tolist(), d.row_group.tolist(), d.num_rows.tolist(),
+                            strict=True)
+    ]
+    return replace(d, byte_size=np.asarray(byte_size, dtype=np.int64))
+
+
+def _sample(d: Discovery) -> tuple[int, list[str]] | None:
+    """The fragment to read and its columns to measure, if any."""
+    wanted = set(d.schema.names)
+    for f, entry in enumerate(d.files):
+        if entry.metadata is None:
+            return None
+        rg, names = dictionary_strings(entry.metadata)
+        names = [n for n in names if n in wanted]
+        if names:
+            return int(np.flatnonzero((d.file_index == f) & (d.row_group == rg))[0]), names
+    return None
