@@ -77,9 +77,11 @@ class DataLoader:
             Shuffle windows are sized to fit (smaller windows mix less) the windows held at
             once, which grow with the workers (with ``"auto"``, one per core read ahead): the
             order then depends on ``num_workers`` and, for ``"auto"``, on the machine's
-            cores. A worker reads ahead only while the real RSS leaves room. Memory the
-            training step allocates meanwhile counts too: leave it room. Too small a budget
-            for one row group per window raises :class:`pqloader.InvalidArgumentError`.
+            cores. A worker reads ahead only while the real RSS leaves room, and makes at
+            most a window's rows of batches ahead (fewer than ``prefetch_factor`` asks for,
+            when it asks for more). Memory the training step allocates meanwhile counts too:
+            leave it room. Too small a budget for one row group per window raises
+            :class:`pqloader.InvalidArgumentError`.
         audit_dir: record the rows of every batch yielded, in a file per process in this
             folder, for :func:`pqloader.audit` (``pqloader audit DIR``) to check that an epoch
             saw every row exactly once, across ranks, workers and restarts.
@@ -311,13 +313,22 @@ class DataLoader:
         finally:
             shared.close()
 
+    def _depth(self, n: int) -> int:
+        """Batches made ahead: ``prefetch_factor`` per worker, and under a memory budget no
+        more than a shuffle window's rows per worker (the budget keeps room for one). Each
+        holds memory of its own: 64 per worker of 4,096 rows took an 80 MiB budget to 143."""
+        depth = self.workers.prefetch_factor * n
+        if self.config.memory_budget_bytes is not None:
+            depth = min(depth, max(n, n * self._planner.window_rows // self.batch_size))
+        return depth
+
     def _deliver(self, streams: list[Iterator[Any]], stop: int, epoch: int, start: int,
                  threads: int | None) -> Iterator[Any]:
         """Batches ``start .. stop - 1`` of ``streams`` (``threads=None``: the tuner's)."""
         n = len(streams)
         tuner = self._tuner if threads is None else None
         delivery = Delivery(
-            streams, start=start, stop=stop, depth=self.workers.prefetch_factor * n,
+            streams, start=start, stop=stop, depth=self._depth(n),
             threads=tuner.threads if tuner is not None else threads or 0, max_threads=n,
             finish=self._placement.finish, caller_helps=tuner is not None,
             worker_init_fn=self._thread_init, timeout_s=self.workers.timeout,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> pqloader.ParquetDataset:
     return pqloader.ParquetDataset(path)
 
 
-def _peak_added(loader: pqloader.DataLoader) -> tuple[int, np.ndarray]:
+def _peak_added(loader: Iterable[Any]) -> tuple[int, np.ndarray]:
     """Iterate an epoch; the peak RSS it added (sampled every 2 ms) and the ids seen."""
     me = psutil.Process()
     base = me.memory_info().rss
@@ -123,3 +123,44 @@ def test_to_torch_with_a_budget_refuses_torch_worker_processes(
     loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=1)
     with pytest.raises(pqloader.InvalidArgumentError, match=r"one process.*num_workers=0"):
         next(iter(loader))
+
+
+def test_a_deep_prefetch_with_a_slow_consumer_stays_in_the_budget(
+        big: pqloader.ParquetDataset) -> None:
+    # the batches made ahead hold memory of their own: 64 per worker of 8,192 rows is ~75 MiB
+    loader = pqloader.DataLoader(big, batch_size=8192, shuffle=True, seed=1, num_workers=2,
+                                 memory_budget_bytes=BUDGET // 2, prefetch_factor=64,
+                                 transform=lambda b: (time.sleep(0.001), b)[1])
+    slow = ({"id": b["id"]} for b in loader if time.sleep(0.003) is None)
+    added, ids = _peak_added(slow)
+    assert added <= BUDGET // 2, f"added {added / MIB:.0f} MiB over {BUDGET // 2 / MIB:.0f} MiB"
+    assert np.array_equal(np.sort(ids), np.arange(ROWS))
+
+
+@pytest.fixture(scope="module")
+def categories(tmp_path_factory: pytest.TempPathFactory) -> pqloader.ParquetDataset:
+    """2M rows of dictionary-encoded category names, ~170 MiB decoded, 9 MiB in footers."""
+    path = tmp_path_factory.mktemp("budget") / "categories"
+    rng = np.random.default_rng(0)
+    names = pa.array([f"category-{i:03d}-" + "x" * 60 for i in range(200)])
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for start in range(0, 2_000_000, 500_000):
+            yield pa.record_batch({"id": np.arange(start, start + 500_000),
+                                   "name": names.take(rng.integers(0, 200, 500_000))})
+
+    first = next(batches())
+    pqloader.write_dataset(pa.RecordBatchReader.from_batches(first.schema, batches()), path,
+                           rows_per_file=250_000, row_group_size=25_000)
+    (path / "_pqloader_manifest.json").unlink()  # the footers, as most datasets have
+    return pqloader.ParquetDataset(path)
+
+
+def test_dictionary_encoded_strings_stay_in_the_budget(
+        categories: pqloader.ParquetDataset) -> None:
+    budget = 80 * MIB
+    loader = pqloader.DataLoader(categories, batch_size=512, shuffle=True, num_workers=2,
+                                 memory_budget_bytes=budget)
+    added, ids = _peak_added(loader)
+    assert added <= budget, f"added {added / MIB:.0f} MiB over {budget / MIB:.0f} MiB"
+    assert np.array_equal(np.sort(ids), np.arange(2_000_000))
