@@ -33,6 +33,7 @@ import pyarrow as pa
 import xxhash
 
 from ._errors import InvalidArgumentError
+from ._signed import unsigned
 
 Buffer: TypeAlias = bytes | memoryview | pa.Buffer
 
@@ -103,6 +104,7 @@ class Cache:
     def get(self, url: str, version: str | None, offset: int, length: int) -> pa.Buffer | None:
         """The cached bytes, memory-mapped, or ``None`` when absent. Raises
         :class:`CorruptCacheEntry` (after deleting it) when the entry fails its checks."""
+        url = unsigned(url)  # a URL signed again hits; no signature is kept on disk
         path = self._path(url, version, offset, length)
         try:
             with pa.memory_map(str(path)) as f:
@@ -136,6 +138,7 @@ class Cache:
         size = sum(len(memoryview(p)) for p in pieces)
         if size != length:
             raise ValueError(f"cache put of [{offset}, +{length}) got {size} bytes")
+        url = unsigned(url)
         path = self._path(url, version, offset, length)
         header = json.dumps({"url": url, "version": version, "offset": offset,
                              "length": length}).encode()

@@ -32,6 +32,7 @@ from ._footers import (
 from ._fs import ObjectInfo, Store
 from ._manifest import match_manifest, read_manifest
 from ._schema import hive_partition, partition_schema, unify
+from ._signed import redact
 from ._sizes import fragment_bytes
 from ._sources import expand_source, list_remote
 
@@ -68,7 +69,7 @@ class Discovery:
 
     def where(self, fragment: int) -> str:
         """A fragment as errors name it: its file and row group."""
-        path = self.files[int(self.file_index[fragment])].path
+        path = redact(self.files[int(self.file_index[fragment])].path)
         return f"{path}: row group {int(self.row_group[fragment])}"
 
 

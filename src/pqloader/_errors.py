@@ -19,9 +19,15 @@ Each message names the file, row group, column or argument at fault and says wha
 
 from __future__ import annotations
 
+from ._signed import redact
+
 
 class PQLoaderError(Exception):
-    """Base of every error pqloader raises for bad input or bad data."""
+    """Base of every error pqloader raises for bad input or bad data. A signed URL in its
+    message shows no secret (``_signed.redact``): messages end up in logs."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class DatasetNotFoundError(PQLoaderError, FileNotFoundError):

@@ -16,6 +16,7 @@ from typing import Any, TypeGuard
 
 from ._discover import Discovery
 from ._errors import StateMismatchError
+from ._signed import unsigned
 
 FORMAT = "pqloader.DataLoader"
 # The plan's version: a state is a cursor into a plan, so a plan that cuts windows differently
@@ -50,11 +51,11 @@ def fingerprint(discovery: Discovery) -> dict[str, Any]:
     Names are taken relative to the files' common folder, so a dataset moved or mounted
     elsewhere still matches. Built from the index, so it needs no footer.
     """
-    paths = [f.path for f in discovery.files]
+    paths = [unsigned(f.path) for f in discovery.files]  # URLs signed again are the same files
     root = os.path.commonpath([os.path.dirname(p) for p in paths])
     digest = hashlib.sha256()
-    for entry in discovery.files:
-        digest.update(json.dumps([os.path.relpath(entry.path, root), entry.size_bytes]).encode())
+    for path, entry in zip(paths, discovery.files, strict=True):
+        digest.update(json.dumps([os.path.relpath(path, root), entry.size_bytes]).encode())
     for array in (discovery.file_index, discovery.row_group, discovery.num_rows):
         digest.update(array.astype("<i8").tobytes())
     digest.update(str(discovery.schema).encode())

@@ -1,0 +1,50 @@
+"""Signed URLs (S3 and GCS presigned, Azure SAS, CloudFront): a signature is a credential that
+expires, not part of the object's name.
+
+So a signed URL's signature is left out of what names the object (:func:`unsigned`: cache keys
+and the dataset's fingerprint, so that URLs signed again hit the cache and resume a saved state),
+and its secret values are left out of what pqloader prints (:func:`redact`: error messages and
+reprs, which end up in logs).
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+# A parameter that marks a query as a signature -> the parameters that signature consists of.
+_AWS = {"x-amz-algorithm", "x-amz-credential", "x-amz-date", "x-amz-expires",
+        "x-amz-signedheaders", "x-amz-signature", "x-amz-security-token"}
+_GOOGLE = {"x-goog-algorithm", "x-goog-credential", "x-goog-date", "x-goog-expires",
+           "x-goog-signedheaders", "x-goog-signature"}
+_SIGNED_BY: dict[str, set[str]] = {
+    "x-amz-signature": _AWS,
+    "x-goog-signature": _GOOGLE,
+    "signature": {"signature", "awsaccesskeyid", "googleaccessid", "expires", "policy",
+                  "key-pair-id"},  # S3 and GCS V2, CloudFront
+    "sig": {"sig", "sv", "ss", "srt", "sp", "se", "st", "spr", "sr", "si", "sdd", "skoid",
+            "sktid", "skt", "ske", "sks", "skv", "saoid", "suoid", "scid"},  # Azure SAS
+}
+_SECRETS = ("x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature",
+            "x-goog-credential", "signature", "sig", "awsaccesskeyid", "googleaccessid")
+_NAMES = "|".join(map(re.escape, _SECRETS))
+_SECRET = re.compile(rf"([?&](?:{_NAMES})=)[^&\s'\"<>#]+", re.IGNORECASE)
+
+
+def unsigned(url: str) -> str:
+    """``url`` without the parameters of its signature, if it is signed; else as it is."""
+    if "?" not in url:
+        return url
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    names = {k.lower() for k, _ in query}
+    drop = set().union(*(params for mark, params in _SIGNED_BY.items() if mark in names))
+    if not drop:
+        return url
+    kept = [(k, v) for k, v in query if k.lower() not in drop]
+    return urlunsplit(parts._replace(query=urlencode(kept)))
+
+
+def redact(text: str) -> str:
+    """``text`` with the secret values of any signed URL in it replaced by ``REDACTED``."""
+    return _SECRET.sub(r"\1REDACTED", text) if "=" in text else text
