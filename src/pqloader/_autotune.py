@@ -81,6 +81,7 @@ class ThreadTuner:
         self._settling = self.settle_batches
         self._t0 = 0.0
         self._batches = 0
+        self._last = 0.0  # when the last batch was observed
         # the first full interval is the process's cold start (first windows read at once into
         # freshly faulted memory, first calls): not counted. It made the count measured first,
         # 2 threads, look ~2x slower on W3 (measured), and it was dropped.
@@ -90,14 +91,23 @@ class ThreadTuner:
     def threads(self) -> int:
         return self.report.threads
 
-    def restart_interval(self) -> None:
-        """Forget a partly measured interval (a new epoch: its first window is a cold start)."""
-        self._settling = self.settle_batches
-        self._t0, self._batches = 0.0, 0
-
+    def restart_interval(self, now: float | None = None) -> None:
+        """A new epoch begins. Its start (its first window read) counts in the interval: every
+        epoch pays it, and an epoch shorter than an interval is mostly that (a 50 ms epoch of
+        one window made the rest drain a full queue at 20,000+ batches/s). The caller's time
+        between epochs (evaluation, checkpoints) does not: the interval carries on from the
+        last epoch's last batch. A count switched to late in the last epoch has nothing left
+        to drain in a new one."""
+        now = time.perf_counter() if now is None else now
+        if self._settling:
+            self._settling = 0
+            self._t0, self._batches = 0.0, 0  # the next batch starts the interval
+        elif self._t0:
+            self._t0 += now - self._last
     def observe(self, now: float | None = None) -> int | None:
         """One more batch delivered; a new thread count to set, or None."""
         now = time.perf_counter() if now is None else now
+        self._last = now
         if self._settling:
             self._settling -= 1
             if not self._settling:

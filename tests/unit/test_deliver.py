@@ -288,3 +288,24 @@ def test_tuner_does_not_count_the_cold_start() -> None:
         now += 1.0 / (rates[tuner.threads] * cold)
         tuner.observe(now)
     assert tuner.report.settled == 2, tuner.report
+
+
+def test_tuner_settles_over_epochs_shorter_than_an_interval() -> None:
+    """Epochs of ~0.2 s, each starting with a read that takes most of it: an interval (0.5 s)
+    carries on from one epoch into the next, their starts counted, the time between them not.
+    Intervals never ended before (each epoch restarted one), so the tuner never settled
+    (``pqloader tune`` on a small dataset waited out its --settle-s)."""
+    tuner = ThreadTuner(2, interval_s=0.5, settle_batches=4)
+    gather = {2: 0.002, 1: 0.001, 0: 0.0015}  # seconds a batch; reading costs 0.1 s an epoch
+    now = 0.0
+    epochs = 0
+    while tuner.report.settled is None and epochs < 300:
+        now += 5.0  # the caller evaluates between epochs: not the loader's time
+        tuner.restart_interval(now)
+        now += 0.1
+        for _ in range(40):
+            now += gather[tuner.threads]
+            tuner.observe(now)
+        epochs += 1
+    assert tuner.report.settled == 1, tuner.report
+    assert epochs < 100
