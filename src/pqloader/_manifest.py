@@ -22,11 +22,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._sizes import RowBytes, dictionary_strings, row_bytes
+from ._sizes import RowBytes, Sample, dictionary_strings, is_flat_bytes, row_bytes, samples
 
 NAME = "_pqloader_manifest.json"
 FORMAT = "pqloader.manifest"
-VERSION = 2  # 2 added each file's "row_bytes"; a version 1 manifest is still read
+# 2 added each file's "row_bytes"; 3 measures dictionary-encoded strings in them (_measure.py).
+# An older manifest is still read, unless it has string or binary columns (then the footers are).
+VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -65,14 +67,15 @@ def write_manifest(root: Path, paths: list[str]) -> None:
     os.replace(tmp, root / NAME)
 
 
-def _measured(paths: list[str], footers: list[pq.FileMetaData]) -> RowBytes:
-    """Decoded bytes per row of the dictionary-encoded strings of the first file that has any,
-    read from it, as ``_measure.py`` does when a dataset opens without a manifest."""
+def _measured(paths: list[str], footers: list[pq.FileMetaData]) -> dict[str, Sample]:
+    """The dictionary-encoded strings of the first file that has any, measured in it, as
+    ``_measure.py`` does when a dataset opens without a manifest."""
     for path, md in zip(paths, footers, strict=True):
-        rg, names = dictionary_strings(md)
-        if names:
-            table = pq.ParquetFile(path, metadata=md).read_row_group(rg, columns=names)
-            return {n: table.column(n).nbytes / max(1, table.num_rows) for n in names}
+        rg, leaves = dictionary_strings(md)
+        if leaves:
+            names = list(leaves)
+            handle = pq.ParquetFile(path, metadata=md, read_dictionary=names)
+            return samples(handle.read_row_group(rg, columns=names), md, rg, leaves)
     return {}
 
 
@@ -107,7 +110,7 @@ def match_manifest(text: str, where: str, found: dict[str, int],
         body = json.loads(text)
         if not isinstance(body, dict):
             raise ValueError(f"a JSON {type(body).__name__}, not an object")
-        if body.get("format") != FORMAT or body.get("version") not in (1, VERSION):
+        if body.get("format") != FORMAT or body.get("version") not in (1, 2, VERSION):
             raise ValueError(f"format {body.get('format')!r} version {body.get('version')!r}")
         listed = {f["name"]: _checked(f) for f in body["files"]}
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema"])))
@@ -115,6 +118,8 @@ def match_manifest(text: str, where: str, found: dict[str, int],
         warnings.warn(f"{where}: unreadable manifest ({exc}); reading the footers instead",
                       stacklevel=4)
         return None
+    if body["version"] < 3 and any(is_flat_bytes(f.type) for f in schema):
+        return None  # its string sizes are the footers' (7-19x too small): read the footers
     stale = sorted(set(found) ^ set(listed)) or [
         name for name in sorted(found) if found[name] != listed[name]["size"]]
     if stale:

@@ -11,13 +11,14 @@ import pyarrow as pa
 from ._discover import Discovery
 from ._errors import PQLoaderError
 from ._read import FragmentReader
-from ._sizes import dictionary_strings, fragment_bytes, row_bytes
+from ._sizes import dictionary_strings, fragment_bytes, row_bytes, samples
 
 
 def measure_strings(d: Discovery) -> Discovery:
     """``d`` with its row groups' decoded sizes re-estimated from one read: the dictionary-
-    encoded string columns of the first file that has any (at most 8 MiB of them, encoded).
-    Their decoded bytes per row there stand for every file's dictionary-encoded chunks of them.
+    encoded string columns of the first file that has any (at most 8 MiB of them, encoded),
+    read as dictionaries (``_sizes.samples``), stand for every file's dictionary-encoded chunks
+    of them, scaled by their min and max values' lengths.
 
     Opened from a manifest (no footer in hand), ``d`` is as the manifest's sizes made it: they
     were measured when it was written. A read that fails leaves the footer's estimate: reading
@@ -26,14 +27,17 @@ def measure_strings(d: Discovery) -> Discovery:
     found = _sample(d)
     if found is None:
         return d
-    fragment, names = found
+    fragment, leaves = found
+    names = list(leaves)
     sample = replace(d, schema=pa.schema([d.schema.field(n) for n in names]), filter=None)
+    f, rg = int(d.file_index[fragment]), int(d.row_group[fragment])
+    footers = [e.metadata for e in d.files]  # every file's, as the first's (not a manifest)
     try:
-        table = FragmentReader(sample).read(fragment)
+        with FragmentReader(sample).parquet_file(fragment, read_dictionary=names) as handle:
+            table = handle.read_row_group(rg, columns=names)
     except (PQLoaderError, OSError, pa.ArrowException):
         return d
-    measured = {n: table.column(n).nbytes / max(1, table.num_rows) for n in names}
-    footers = [e.metadata for e in d.files]  # every file's, as the first's (not a manifest)
+    measured = samples(table, footers[f], rg, leaves)
     per_file = [row_bytes(md, measured) for md in footers]
     byte_size = [  # as _discover's index computes them, with the measured strings
         fragment_bytes(n, per_file[f], d.schema.names, footers[f].row_group(rg).total_byte_size)
@@ -43,14 +47,14 @@ def measure_strings(d: Discovery) -> Discovery:
     return replace(d, byte_size=np.asarray(byte_size, dtype=np.int64))
 
 
-def _sample(d: Discovery) -> tuple[int, list[str]] | None:
-    """The fragment to read and its columns to measure, if any."""
+def _sample(d: Discovery) -> tuple[int, dict[str, int]] | None:
+    """The fragment to read and its columns to measure ({name: leaf column}), if any."""
     wanted = set(d.schema.names)
     for f, entry in enumerate(d.files):
         if entry.metadata is None:
             return None
-        rg, names = dictionary_strings(entry.metadata)
-        names = [n for n in names if n in wanted]
-        if names:
-            return int(np.flatnonzero((d.file_index == f) & (d.row_group == rg))[0]), names
+        rg, leaves = dictionary_strings(entry.metadata)
+        leaves = {n: i for n, i in leaves.items() if n in wanted}
+        if leaves:
+            return int(np.flatnonzero((d.file_index == f) & (d.row_group == rg))[0]), leaves
     return None

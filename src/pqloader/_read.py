@@ -99,16 +99,9 @@ class FragmentReader:
         file_index = int(d.file_index[fragment])
         row_group = int(d.row_group[fragment])
         entry = d.files[file_index]
-        local = d.store is None
         try:
-            # the footer too: one read at first use when the dataset was opened from its
-            # manifest, and the file may have changed since
-            footer = self._footer(file_index)
-            source: Any = entry.path if local else self._fetch(file_index, row_group)
-            # memory_map: a local row group decodes straight from the page cache, its bytes
-            # never copied into read buffers first (-12% CPU per row on W1, measured)
-            with pq.ParquetFile(source, metadata=footer, memory_map=local,
-                                page_checksum_verification=self.verify_checksums) as handle:
+            with self.parquet_file(fragment,
+                                   page_checksum_verification=self.verify_checksums) as handle:
                 table = handle.read_row_group(row_group, columns=self._file_columns,
                                               use_threads=True)
         except PQLoaderError:
@@ -141,6 +134,21 @@ class FragmentReader:
                 f"{entry.path}: row group {row_group} does not fit the dataset's schema "
                 f"({exc}); {_CHANGED}") from exc
         return table
+
+    def parquet_file(self, fragment: int, **options: Any) -> pq.ParquetFile:
+        """The fragment's file, opened to read its row group's projected columns (a remote
+        one's chunks fetched); ``options`` go to ``pyarrow.parquet.ParquetFile``."""
+        d = self._d
+        file_index = int(d.file_index[fragment])
+        local = d.store is None
+        # the footer too: one read at first use when the dataset was opened from its
+        # manifest, and the file may have changed since
+        footer = self._footer(file_index)
+        source: Any = d.files[file_index].path if local else \
+            self._fetch(file_index, int(d.row_group[fragment]))
+        # memory_map: a local row group decodes straight from the page cache, its bytes
+        # never copied into read buffers first (-12% CPU per row on W1, measured)
+        return pq.ParquetFile(source, metadata=footer, memory_map=local, **options)
 
     # -- remote ------------------------------------------------------------------------------
     def _fetch(self, file_index: int, row_group: int) -> pa.PythonFile:

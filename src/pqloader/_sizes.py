@@ -9,15 +9,29 @@ Strings and binaries keep their encoded size (at least a 4-byte offset per value
 lengths are not in the footer. A dictionary-encoded one's encoded size counts each distinct value
 once, so a column of a few category names measured 12 bytes a row against 85 decoded: windows
 7x the size asked for. Opening a dataset measures those (``_measure.py``): it reads one small
-row group of them and passes their decoded bytes per row to :func:`row_bytes`.
+row group of them, as dictionaries (never decoded: 4 distinct 1 KB values over 1M rows would
+take 1 GB), into a :class:`Sample` each, which :func:`row_bytes` scales to every other file by
+the lengths of its chunks' min and max values (a shard of long names and one of short ones).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 RowBytes = dict[str, float]  # top-level column -> decoded bytes per row
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A dictionary-encoded string column, measured in one row group."""
+
+    value_bytes: float  # the mean length of its values (a null: 0)
+    offset_bytes: int  # per value: 4, 8 for large_string and large_binary, 16 for views
+    reference: float | None  # the mean length of its min and max value there (footer stats)
 
 _WIDTH = {"BOOLEAN": 0.125, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8,
           "INT96": 8}  # INT96 timestamps decode to 8-byte ones
@@ -26,10 +40,11 @@ _WIDTH = {"BOOLEAN": 0.125, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8,
 _SAMPLE_BYTES = 8 << 20  # the most encoded bytes of dictionary strings read to measure them
 
 
-def row_bytes(md: pq.FileMetaData, measured: RowBytes | None = None) -> RowBytes | None:
+def row_bytes(md: pq.FileMetaData, measured: dict[str, Sample] | None = None
+              ) -> RowBytes | None:
     """Decoded bytes per row of each top-level column, from the file's largest row group
-    (``None`` for a file without rows). ``measured``: decoded bytes per row of dictionary-encoded
-    string columns (:func:`dictionary_strings`), used where this file's are dictionary-encoded too.
+    (``None`` for a file without rows). ``measured``: dictionary-encoded string columns
+    (:func:`samples`), for this file's chunks of them that are dictionary-encoded too.
     """
     rg = _largest(md)
     if rg is None:
@@ -49,33 +64,80 @@ def row_bytes(md: pq.FileMetaData, measured: RowBytes | None = None) -> RowBytes
         size += 4 * rg.num_rows * leaf.max_repetition_level  # list offsets
         name = owners[i] if owners else chunk.path_in_schema.split(".", 1)[0]
         if measured and name in measured and kind == "BYTE_ARRAY" and chunk.has_dictionary_page:
-            size = max(size, measured[name] * rg.num_rows)
+            size = max(size, _scaled(measured[name], chunk))
         out[name] = out.get(name, 0.0) + size / rg.num_rows
     return out
 
 
-def dictionary_strings(md: pq.FileMetaData) -> tuple[int, list[str]]:
+def _scaled(sample: Sample, chunk: pq.ColumnChunkMetaData) -> float:
+    """A dictionary-encoded chunk's decoded bytes, from a sample of its column elsewhere."""
+    scale = 1.0
+    reference = _reference(chunk)
+    if reference is not None and sample.reference:
+        scale = reference / sample.reference
+    return float(chunk.num_values * (sample.offset_bytes + sample.value_bytes * scale))
+
+
+def _reference(chunk: pq.ColumnChunkMetaData) -> float | None:
+    """The mean length in bytes of a chunk's min and max value, where its statistics have them."""
+    stats = chunk.statistics
+    if stats is None or not stats.has_min_max:
+        return None
+    lengths = [len(v.encode() if isinstance(v, str) else v) for v in (stats.min, stats.max)]
+    return sum(lengths) / 2
+
+
+def dictionary_strings(md: pq.FileMetaData) -> tuple[int, dict[str, int]]:
     """The top-level string and binary columns of ``md`` whose largest row group stores them
-    with a dictionary, small enough to read (``_SAMPLE_BYTES`` together): (that row group, their
-    names). Their footer sizes undercount them; a read measures them."""
+    with a dictionary, small enough to read (``_SAMPLE_BYTES`` together): (that row group,
+    {name: leaf column}). Their footer sizes undercount them; :func:`samples` measures them."""
     rg = _largest(md)
     fields = [f for f in md.schema.to_arrow_schema() for _ in range(leaf_count(f.type))]
     if rg is None or len(fields) != rg.num_columns:
-        return 0, []
-    names: list[str] = []
+        return 0, {}
+    leaves: dict[str, int] = {}
     total = 0
     for i, field in enumerate(fields):
         chunk = rg.column(i)
         if (chunk.physical_type == "BYTE_ARRAY" and chunk.has_dictionary_page
-                and _is_flat_bytes(field.type)
+                and is_flat_bytes(field.type)
                 and total + chunk.total_compressed_size <= _SAMPLE_BYTES):
-            names.append(field.name)
+            leaves[field.name] = i
             total += chunk.total_compressed_size
     index = max(range(md.num_row_groups), key=lambda i: md.row_group(i).num_rows)
-    return index, names
+    return index, leaves
 
 
-def _is_flat_bytes(t: pa.DataType) -> bool:
+def samples(table: pa.Table, md: pq.FileMetaData, row_group: int, leaves: dict[str, int]
+            ) -> dict[str, Sample]:
+    """The columns ``leaves`` names, measured in ``table``: row group ``row_group`` of ``md``,
+    read with ``read_dictionary`` (values are counted through the dictionary, not decoded)."""
+    rows = max(1, table.num_rows)
+    rg = md.row_group(row_group)
+    out = {}
+    for name, leaf in leaves.items():
+        column = table.column(name)
+        t = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+        width = 8 if pa.types.is_large_string(t) or pa.types.is_large_binary(t) else \
+            16 if pa.types.is_string_view(t) or pa.types.is_binary_view(t) else 4
+        out[name] = Sample(_value_bytes(column) / rows, width, _reference(rg.column(leaf)))
+    return out
+
+
+def _value_bytes(column: pa.ChunkedArray) -> int:
+    """The bytes of a string or binary column's values, counted through its dictionaries."""
+    total = 0
+    for chunk in column.chunks:
+        if pa.types.is_dictionary(chunk.type):
+            lengths = pc.take(pc.binary_length(chunk.dictionary), chunk.indices)
+        else:
+            lengths = pc.binary_length(chunk)
+        total += int(pc.sum(lengths).as_py() or 0)
+    return total
+
+
+def is_flat_bytes(t: pa.DataType) -> bool:
+    """A string or binary type, of any offset width: one Parquet BYTE_ARRAY leaf, no nesting."""
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
                 or pa.types.is_large_binary(t) or pa.types.is_string_view(t)
                 or pa.types.is_binary_view(t))

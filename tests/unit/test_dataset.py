@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -486,6 +488,55 @@ def test_dictionary_encoded_strings_are_measured_remotely(tmp_path: Path) -> Non
     assert 0.9 < _decoded(path, ["cat"]) / ds._discovery.byte_size.sum() < 1.1
     assert np.array_equal(ds._discovery.byte_size,
                           pqloader.ParquetDataset(path, columns=["cat"])._discovery.byte_size)
+
+
+def test_a_version_2_manifest_of_strings_is_not_trusted_for_their_sizes(tmp_path: Path) -> None:
+    path = _categories(tmp_path)
+    manifest = path / "_pqloader_manifest.json"
+    body = json.loads(manifest.read_text())
+    body["version"] = 2  # as written before strings were measured: the footers' 4 bytes a row
+    for f in body["files"]:
+        f["row_bytes"]["cat"] = 4.0
+    manifest.write_text(json.dumps(body))
+    ds = pqloader.ParquetDataset(path, columns=["cat"])
+    assert 0.9 < _decoded(path, ["cat"]) / ds._discovery.byte_size.sum() < 1.1
+    assert all(f.metadata is not None for f in ds._discovery.files)  # the footers were read
+
+
+def test_each_file_strings_are_scaled_by_their_own_lengths(tmp_path: Path) -> None:
+    """One file measured stands for the others through its values' lengths (from the footers'
+    min and max): long names in the first file, short in the rest, and the other way round.
+    The first file's mean length alone overcounted the rest 7x, and refused a budget."""
+    rng = np.random.default_rng(0)
+    long_names = pa.array([f"{c}" * 90 for c in "abcd"])
+    short_names = pa.array(["ab", "cd"])
+    for order, (first, rest) in enumerate([(long_names, short_names),
+                                           (short_names, long_names)]):
+        path = tmp_path / str(order)
+        path.mkdir()
+        pq.write_table(pa.table({"s": first.take(rng.integers(0, len(first), 1000))}),
+                       path / "a.parquet")
+        for k in range(3):
+            pq.write_table(pa.table({"s": rest.take(rng.integers(0, len(rest), 100_000))}),
+                           path / f"b{k}.parquet")
+        d = pqloader.ParquetDataset(path)._discovery
+        for fragment, f in enumerate(sorted(path.glob("*.parquet"))):
+            decoded = pq.read_table(f).nbytes
+            assert 0.9 < decoded / d.byte_size[fragment] < 1.1, (order, f.name)
+
+
+def test_measuring_strings_decodes_none_of_them(tmp_path: Path) -> None:
+    """4 distinct 1 KB values over 400,000 rows: 130 KB encoded, 400 MB decoded. Opening counts
+    their lengths through the dictionary; it read the column whole (Arrow's pool peaked at 1 GB
+    for 1M rows)."""
+    values = pa.array([c * 1000 for c in "abcd"])
+    pq.write_table(pa.table({"s": values.take(np.arange(400_000) % 4)}), tmp_path / "a.parquet")
+    code = (f"import pyarrow as pa, pqloader; d = pqloader.ParquetDataset({str(tmp_path)!r})"
+            "._discovery; print(int(d.byte_size.sum()), pa.default_memory_pool().max_memory())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert 0.9 < 400_000 * 1004 / int(out[0]) < 1.1
+    assert int(out[1]) < 50 * 2**20, f"Arrow's pool peaked at {int(out[1]) / 2**20:.0f} MiB"
 
 
 def test_a_version_1_manifest_is_still_read(tmp_path: Path) -> None:
