@@ -27,21 +27,19 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import pyarrow as pa
-import xxhash
 
+from ._entry import Buffer, CorruptCacheEntry, decode, read_header, write
 from ._errors import InvalidArgumentError
 from ._signed import unsigned
 
-Buffer: TypeAlias = bytes | memoryview | pa.Buffer
+__all__ = ["Buffer", "Cache", "CacheEntry", "CorruptCacheEntry"]
 
-_MAGIC = b"PQC2"
 # A new entry format gets a new folder; old ones are left alone. v1: one entry per column
 # chunk, read into Python bytes. v2: one entry per coalesced row-group range, memory-mapped.
 _LAYOUT = "v2"
-_TRAILER = struct.Struct("<Q")  # xxh3-64 of the payload
 _EVICT_TO = 0.9  # eviction frees down to this share of max_bytes
 
 
@@ -113,7 +111,7 @@ class Cache:
             return None
         except (OSError, pa.ArrowException):  # e.g. an empty file cannot be mapped
             raw = None
-        payload = None if raw is None else _decode(raw, url, version, offset, length)
+        payload = None if raw is None else decode(raw, url, version, offset, length)
         if payload is None:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -140,18 +138,11 @@ class Cache:
             raise ValueError(f"cache put of [{offset}, +{length}) got {size} bytes")
         url = unsigned(url)
         path = self._path(url, version, offset, length)
-        header = json.dumps({"url": url, "version": version, "offset": offset,
-                             "length": length}).encode()
-        digest = xxhash.xxh3_64()
         tmp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(_MAGIC + struct.pack("<I", len(header)) + header)
-                for piece in pieces:
-                    digest.update(piece)
-                    f.write(piece)
-                f.write(_TRAILER.pack(digest.intdigest()))
+                written = write(f, url, version, offset, length, pieces)
             os.replace(tmp, path)
         except OSError as exc:
             with contextlib.suppress(OSError):
@@ -163,7 +154,7 @@ class Cache:
                               "space, or pass cache=None", RuntimeWarning, stacklevel=2)
             return False
         if self.max_bytes is not None:
-            self._account(8 + len(header) + length + _TRAILER.size)
+            self._account(written)
         return True
 
     def _account(self, written: int) -> None:
@@ -210,9 +201,7 @@ class Cache:
             try:
                 st = entry.stat()
                 with open(entry.path, "rb") as f:
-                    head = f.read(8)
-                    (n,) = struct.unpack("<I", head[4:8])
-                    header = json.loads(f.read(n))
+                    header = read_header(f)
             except (OSError, ValueError, struct.error):
                 continue
             out.append(CacheEntry(header["url"], header["version"], header["offset"],
@@ -324,30 +313,3 @@ def _tree_bytes(root: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
-
-
-class CorruptCacheEntry(Exception):
-    """Internal: a cache entry that failed its checks (the reader fetches it again)."""
-
-
-def _decode(raw: pa.Buffer, url: str, version: str | None, offset: int, length: int
-            ) -> pa.Buffer | None:
-    """The payload of an entry (a zero-copy slice), or ``None`` if it is not the entry it
-    should be."""
-    if raw.size < 8 + _TRAILER.size or raw[:4].to_pybytes() != _MAGIC:
-        return None
-    (n,) = struct.unpack("<I", raw[4:8].to_pybytes())
-    start = 8 + n
-    if raw.size != start + length + _TRAILER.size:
-        return None
-    try:
-        header = json.loads(raw[8:start].to_pybytes())
-    except ValueError:
-        return None
-    if header != {"url": url, "version": version, "offset": offset, "length": length}:
-        return None
-    payload = raw.slice(start, length)
-    (digest,) = _TRAILER.unpack(raw.slice(start + length).to_pybytes())
-    if xxhash.xxh3_64_intdigest(payload) != digest:
-        return None
-    return payload
