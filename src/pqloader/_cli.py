@@ -252,8 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="rows in each row group, the unit of reading (default: %(default)s)")
     wr.add_argument("--compression", choices=CODECS, type=str.lower, help="(default: %(default)s)")
     wr.add_argument("--column-type", type=column_type, action="append", metavar="NAME=TYPE",
-                    help="a CSV or JSON column's type (int64, uint64, string...), not guessed; "
-                         "repeat for more columns")
+                    help="a CSV or JSON column's type (int64, uint64, string, list<int64>...), "
+                         "not guessed; repeat for more columns")
     wr.add_argument("--encoding", help="a CSV file's text encoding (default: utf8)")
     wr.add_argument("--overwrite", action="store_true", help="replace part-*.parquet in DST")
     wr.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -19,16 +19,24 @@ _ID_RANGE = 2**64  # past 2**53 and up to here: 64-bit ids and hashes, the value
 
 
 def column_type(text: str) -> tuple[str, pa.DataType]:
-    """``--column-type NAME=TYPE``: a column and a pyarrow type name (int64, uint64, string...)."""
+    """``--column-type NAME=TYPE``: a column and a pyarrow type name (int64, uint64, string...),
+    or ``list<TYPE>`` of one (JSON Lines)."""
     name, sep, alias = text.rpartition("=")
     try:
         if not sep or not name:
             raise ValueError("expected NAME=TYPE")
-        return name, pa.type_for_alias(alias.strip())
+        return name, _type(alias.strip())
     except ValueError as exc:
         raise argparse.ArgumentTypeError(
             f"{text!r}: {exc}; TYPE is a pyarrow type name such as int64, uint64, float64, "
-            "string, bool, date32 or timestamp[ms]") from None
+            "string, bool, date32 or timestamp[ms], or list<TYPE>") from None
+
+
+def _type(alias: str) -> pa.DataType:
+    for prefix, make in (("list<", pa.list_), ("large_list<", pa.large_list)):
+        if alias.startswith(prefix) and alias.endswith(">"):
+            return make(_type(alias[len(prefix):-1].strip()))
+    return pa.type_for_alias(alias)
 
 
 def guess_problem(schema: pa.Schema, typed: dict[str, pa.DataType], source: str) -> str | None:
@@ -40,11 +48,30 @@ def guess_problem(schema: pa.Schema, typed: dict[str, pa.DataType], source: str)
         if pa.types.is_null(field.type):
             return (f"{source}: column {field.name!r} is empty in every row its type was "
                     f"guessed from; pass --column-type {field.name}=TYPE (float64, string...)")
+        inner, depth = field.type, 0
+        while pa.types.is_list(inner) or pa.types.is_large_list(inner):
+            inner, depth = inner.value_type, depth + 1
+        if depth and pa.types.is_null(inner):  # later values fail: "changed from null to ..."
+            spelled = "list<" * depth + "TYPE" + ">" * depth
+            return (f"{source}: column {field.name!r} holds lists empty in every row its type "
+                    f"was guessed from; pass --column-type {field.name}={spelled} (TYPE: "
+                    "int64, float64, string...)")
+        if _null_inside(field.type):
+            return (f"{source}: column {field.name!r} holds objects with a field empty in "
+                    "every row its type was guessed from; pqloader write cannot set the type "
+                    "of values inside objects: write this file with pqloader.write_dataset "
+                    "and a pyarrow schema")
         if pa.types.is_binary(field.type):
             return (f"{source}: column {field.name!r} holds text that is not UTF-8; pass "
                     "--encoding with the file's encoding (latin-1, cp1252...), or "
                     f"--column-type {field.name}=binary to keep its raw bytes")
     return None
+
+
+def _null_inside(t: pa.DataType) -> bool:
+    """A null type anywhere inside ``t`` (a struct's field, a list's values)."""
+    return pa.types.is_null(t) or any(_null_inside(t.field(i).type)
+                                      for i in range(t.num_fields))
 
 
 def rounding_problem(batch: pa.RecordBatch, typed: dict[str, pa.DataType], first_row: int,

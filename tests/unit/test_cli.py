@@ -428,6 +428,22 @@ def test_write_refuses_a_column_with_no_value_to_guess_from(tmp_path, capsys) ->
                "--column-type", "b=float64")[0] == 0
 
 
+def test_write_refuses_lists_and_objects_empty_where_guessed(tmp_path, capsys) -> None:
+    # Past the guessed block, values then failed with "changed from null to number"
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": 1, "tags": []}\n{"id": 2, "tags": [[]]}\n')
+    code, _, err = run(capsys, "write", src, tmp_path / "a", "--no-progress")
+    assert code == 1 and "column 'tags' holds lists empty in every row" in err
+    assert "--column-type tags=list<list<TYPE>>" in err
+    assert run(capsys, "write", src, tmp_path / "b", "--no-progress",
+               "--column-type", "tags=list<list<int64>>")[0] == 0
+    assert all_rows(tmp_path / "b") == [{"id": 1, "tags": []}, {"id": 2, "tags": [[]]}]
+    obj = tmp_path / "obj.jsonl"
+    obj.write_text('{"id": 1, "m": {"a": 1, "b": null}}\n')
+    code, _, err = run(capsys, "write", obj, tmp_path / "c", "--no-progress")
+    assert code == 1 and "column 'm' holds objects with a field empty" in err
+
+
 def test_write_column_type_usage_errors(make_dataset, tmp_path, capsys) -> None:
     src = write_csv(tmp_path / "in.csv", 3)
     code, _, err = run(capsys, "write", src, tmp_path / "a", "--column-type", "nope=int64")
