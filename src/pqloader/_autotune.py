@@ -104,6 +104,7 @@ class ThreadTuner:
             self._t0, self._batches = 0.0, 0  # the next batch starts the interval
         elif self._t0:
             self._t0 += now - self._last
+
     def observe(self, now: float | None = None) -> int | None:
         """One more batch delivered; a new thread count to set, or None."""
         now = time.perf_counter() if now is None else now

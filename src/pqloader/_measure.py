@@ -22,7 +22,7 @@ def measure_strings(d: Discovery) -> Discovery:
 
     Opened from a manifest (no footer in hand), ``d`` is as the manifest's sizes made it: they
     were measured when it was written. A read that fails leaves the footer's estimate: reading
-    the row group later reports the file (or skips it, where asked) as it would have.
+    the row group later reports the file as it would have.
     """
     found = _sample(d)
     if found is None:
