@@ -30,6 +30,7 @@ from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
 from ._iostats import IOStats
 from ._ranges import Range, coalesce, cut
 from ._retry import Limiter, RangeIgnored, RetryPolicy, ShortRead, classify, with_timeout
+from ._signed import unsigned
 
 # Extras that provide each protocol, for the install hint when one is missing.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
@@ -237,7 +238,11 @@ class Store:
             except Exception as exc:  # not BaseException: Ctrl-C stops, it is no IO error
                 kind = "transient" if isinstance(exc, FutureTimeout) else classify(exc)
                 if kind == "fatal" or attempt + 1 == policy.attempts:
-                    raise _remote_error(self.url(path), exc, attempt + 1, kind) from exc
+                    url = self.url(path)
+                    error = _remote_error(url, exc, attempt + 1, kind)
+                    if unsigned(url) != url:  # the cause's text holds the signature: its
+                        raise error from None  # gist is in the (redacted) message already
+                    raise error from exc
                 if kind == "throttled":
                     self.limiter.throttled()
                 self.stats.add(retries=1, throttled=int(kind == "throttled"),
@@ -257,8 +262,10 @@ def _remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exc
     if isinstance(exc, FileNotFoundError) and kind == "fatal":  # not a 503 in disguise
         return DatasetNotFoundError(f"{url}: no such object ({exc})")
     if isinstance(exc, PermissionError) and kind == "fatal":
+        expired = "; a signed URL may have expired: sign it again" \
+            if unsigned(url) != url else ""
         return RemoteIOError(f"{url}: access denied ({exc}); check the credentials in "
-                             "storage_options")
+                             f"storage_options{expired}")
     if kind == "fatal":
         hint = ("; pass credentials in storage_options (e.g. key=, secret=), or anon=True "
                 "for a public bucket") if "Credentials" in type(exc).__name__ else ""

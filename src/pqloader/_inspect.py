@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 
 import pqloader
 
+from ._signed import redact
 from ._sizes import leaf_owners
 
 _MAX_FILES_SHOWN = 20
@@ -47,11 +48,13 @@ def inspect_dataset(source: str, columns: list[str] | None = None) -> dict[str, 
     """The facts ``pqloader inspect`` prints, as one JSON-serialisable dict."""
     ds = pqloader.ParquetDataset(source, columns=columns)
     wanted = None if columns is None else set(columns)
-    files = [_file_facts(p, md, wanted) for p, md in zip(ds.files, ds.metadata, strict=True)]
+    files = [_file_facts(redact(p), md, wanted)  # a signed URL's secrets are for reading
+             for p, md in zip(ds.files, ds.metadata, strict=True)]
     codecs = sorted({c for f in files for c in f.pop("compression")})
     totals = {key: sum(f[key] for f in files) for key in
               ("num_rows", "num_row_groups", "compressed_bytes", "uncompressed_bytes")}
-    return {"path": source, "num_files": len(files), **totals, "compression": codecs,
+    return {"path": redact(str(source)), "num_files": len(files), **totals,
+            "compression": codecs,
             "schema": [{"name": n, "type": str(t)} for n, t in ds.columns.items()],
             "files": files}
 

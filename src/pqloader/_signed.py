@@ -21,7 +21,7 @@ _SIGNED_BY: dict[str, set[str]] = {
     "x-amz-signature": _AWS,
     "x-goog-signature": _GOOGLE,
     "signature": {"signature", "awsaccesskeyid", "googleaccessid", "expires", "policy",
-                  "key-pair-id"},  # S3 and GCS V2, CloudFront
+                  "key-pair-id", "x-amz-security-token"},  # S3 and GCS V2, CloudFront
     "sig": {"sig", "sv", "ss", "srt", "sp", "se", "st", "spr", "sr", "si", "sdd", "skoid",
             "sktid", "skt", "ske", "sks", "skv", "saoid", "suoid", "scid"},  # Azure SAS
 }
@@ -32,8 +32,9 @@ _SECRET = re.compile(rf"([?&](?:{_NAMES})=)[^&\s'\"<>#]+", re.IGNORECASE)
 
 
 def unsigned(url: str) -> str:
-    """``url`` without the parameters of its signature, if it is signed; else as it is."""
-    if "?" not in url:
+    """``url`` without the parameters of its signature, if it is signed; else as it is (a
+    local path too: ``x?sig=1.parquet`` is a file's name)."""
+    if "?" not in url or "://" not in url:
         return url
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)

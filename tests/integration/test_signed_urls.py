@@ -4,6 +4,7 @@ and resume a saved state; no message and no cache entry shows a signature."""
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 import pqloader
+from pqloader._cli import main
 from pqloader._signed import redact, unsigned
 
 ROWS = 3000
@@ -69,6 +71,17 @@ def test_no_message_shows_a_signature(signed: Any) -> None:
         pqloader.ParquetDataset([wrong])
     assert secret not in str(info.value) and "X-Amz-Signature=REDACTED" in str(info.value)
     assert "nopart-00000.parquet" in str(info.value)  # still names the file
+    # nor the traceback that logging.exception prints: the cause held the signed URL
+    assert secret not in "".join(traceback.format_exception(info.value))
+
+
+def test_inspect_shows_no_signature(signed: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    url = signed(3600, "s3v4")[0]
+    secret = url.split("X-Amz-Signature=")[1].split("&")[0]
+    for extra in ([], ["--json"]):
+        assert main(["inspect", url, *extra]) == 0
+        out = capsys.readouterr().out
+        assert secret not in out and "X-Amz-Signature=REDACTED" in out
 
 
 def test_unsigned_and_redact() -> None:
@@ -83,3 +96,7 @@ def test_unsigned_and_redact() -> None:
     assert redact(f"'{sas}' failed") == f"'{sas.replace('sig=a%3D', 'sig=REDACTED')}' failed"
     plain = "http://h/x.parquet?sp=1&id=3"  # no signature: its parameters name the object
     assert unsigned(plain) == redact(plain) == plain
+    v2 = ("https://s3.amazonaws.com/b/a.parquet?AWSAccessKeyId=ASIA&Signature=x%3D"
+          "&x-amz-security-token=SESSION&Expires=1")  # temporary credentials: a session token
+    assert unsigned(v2) == "https://s3.amazonaws.com/b/a.parquet"
+    assert unsigned("/data/x?sig=1.parquet") == "/data/x?sig=1.parquet"  # a local file's name
