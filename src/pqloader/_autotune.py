@@ -81,7 +81,8 @@ class ThreadTuner:
         self._settling = self.settle_batches
         self._t0 = 0.0
         self._batches = 0
-        self._last = 0.0  # when the last batch was observed
+        self._last = 0.0  # when the last batch was observed (or an epoch began)
+        self._began: float | None = None  # when the current epoch began
         # the first full interval is the process's cold start (first windows read at once into
         # freshly faulted memory, first calls): not counted. It made the count measured first,
         # 2 threads, look ~2x slower on W3 (measured), and it was dropped.
@@ -92,18 +93,25 @@ class ThreadTuner:
         return self.report.threads
 
     def restart_interval(self, now: float | None = None) -> None:
-        """A new epoch begins. Its start (its first window read) counts in the interval: every
-        epoch pays it, and an epoch shorter than an interval is mostly that (a 50 ms epoch of
-        one window made the rest drain a full queue at 20,000+ batches/s). The caller's time
-        between epochs (evaluation, checkpoints) does not: the interval carries on from the
-        last epoch's last batch. A count switched to late in the last epoch has nothing left
-        to drain in a new one."""
+        """A new epoch begins.
+
+        After an epoch at least an interval long, the partly measured interval is forgotten
+        and the new epoch's first batches (its first window read) are not counted: which
+        interval holds an epoch's start depends on phase, and counted, it made one count's
+        sample slow and not another's (a review's simulation of W1-like epochs: the right count
+        179 times in 271, against 271). After a shorter epoch, the interval carries on, the
+        epoch's start counted: such epochs are mostly their start (a 50 ms epoch of one window
+        made the rest drain a full queue at 20,000+ batches/s), and restarting each one, no
+        interval ever ended. The caller's time between epochs never counts.
+        """
         now = time.perf_counter() if now is None else now
-        if self._settling:
-            self._settling = 0
-            self._t0, self._batches = 0.0, 0  # the next batch starts the interval
+        short = self._began is not None and self._last - self._began < self.interval_s
+        if not short or self._settling:
+            self._settling = self.settle_batches if not short else 0
+            self._t0, self._batches = 0.0, 0  # the next counted batch starts the interval
         elif self._t0:
             self._t0 += now - self._last
+        self._began = self._last = now
 
     def observe(self, now: float | None = None) -> int | None:
         """One more batch delivered; a new thread count to set, or None."""

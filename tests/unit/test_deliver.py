@@ -309,3 +309,41 @@ def test_tuner_settles_over_epochs_shorter_than_an_interval() -> None:
         epochs += 1
     assert tuner.report.settled == 1, tuner.report
     assert epochs < 100
+
+
+def test_tuner_leaves_out_long_epochs_starts() -> None:
+    """Epochs of 1.2 s whose start stalls 0.4 s: which interval holds a start depends on phase,
+    so counting starts made one count's sample slow and not another's. 2 threads are truly
+    the fastest (30 batches/s against 25), and must be found (a review's trace: 1 was)."""
+    tuner = ThreadTuner(2, interval_s=0.5, settle_batches=2)
+    rates = {2: 30.0, 1: 25.0, 0: 15.0}
+    now = 0.0
+    for _ in range(200):
+        tuner.restart_interval(now)
+        began = now
+        now += 0.4  # the first window
+        while now - began < 1.2:
+            now += 1.0 / rates[tuner.threads]
+            tuner.observe(now)
+        now += 1.0
+    assert tuner.report.settled == 2, tuner.report
+
+
+def test_tuner_restarted_twice_without_a_batch_counts_no_pause() -> None:
+    """A pass that yields nothing (resumed at an epoch's end): its restart moved the interval's
+    start by the pause before it a second time, into the future, and the next interval's rate
+    came out inflated (2,100 batches/s for 100)."""
+    tuner = ThreadTuner(2, interval_s=0.5, settle_batches=2)
+    now = 0.0
+    for epoch in range(400):
+        tuner.restart_interval(now)
+        if epoch % 3 == 1:  # an empty pass, then a pause before the next
+            now += 5.0
+            continue
+        for _ in range(20):  # 0.2 s epochs at 100 batches/s, whatever the count
+            now += 0.01
+            tuner.observe(now)
+        now += 5.0
+    assert tuner.report.rates and all(90 < r < 110 for r in tuner.report.rates.values()), \
+        tuner.report
+
