@@ -3,8 +3,8 @@ expires, not part of the object's name.
 
 So a signed URL's signature is left out of what names the object (:func:`unsigned`: cache keys
 and the dataset's fingerprint, so that URLs signed again hit the cache and resume a saved state),
-and its secret values are left out of what pqloader prints (:func:`redact`: error messages and
-reprs, which end up in logs).
+and its secret values are left out of what pqloader prints (:func:`redact`: error messages, their
+tracebacks and ``pqloader inspect``, which end up in logs).
 """
 
 from __future__ import annotations

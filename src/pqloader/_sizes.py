@@ -33,10 +33,9 @@ class Sample:
     offset_bytes: int  # per value: 4, 8 for large_string and large_binary, 16 for views
     reference: float | None  # the mean length of its min and max value there (footer stats)
 
+
 _WIDTH = {"BOOLEAN": 0.125, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8,
           "INT96": 8}  # INT96 timestamps decode to 8-byte ones
-
-
 _SAMPLE_BYTES = 8 << 20  # the most encoded bytes of dictionary strings read to measure them
 
 
