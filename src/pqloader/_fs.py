@@ -30,7 +30,7 @@ from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
 from ._iostats import IOStats
 from ._ranges import Range, coalesce, cut
 from ._retry import Limiter, RangeIgnored, RetryPolicy, ShortRead, classify, with_timeout
-from ._signed import unsigned
+from ._signed import is_signed
 
 # Extras that provide each protocol, for the install hint when one is missing.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
@@ -240,7 +240,7 @@ class Store:
                 if kind == "fatal" or attempt + 1 == policy.attempts:
                     url = self.url(path)
                     error = _remote_error(url, exc, attempt + 1, kind)
-                    if unsigned(url) != url:  # the cause's text holds the signature: its
+                    if is_signed(url):  # the cause's text holds the signature: its
                         raise error from None  # gist is in the (redacted) message already
                     raise error from exc
                 if kind == "throttled":
@@ -262,8 +262,7 @@ def _remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exc
     if isinstance(exc, FileNotFoundError) and kind == "fatal":  # not a 503 in disguise
         return DatasetNotFoundError(f"{url}: no such object ({exc})")
     if isinstance(exc, PermissionError) and kind == "fatal":
-        expired = "; a signed URL may have expired: sign it again" \
-            if unsigned(url) != url else ""
+        expired = "; a signed URL may have expired: sign it again" if is_signed(url) else ""
         return RemoteIOError(f"{url}: access denied ({exc}); check the credentials in "
                              f"storage_options{expired}")
     if kind == "fatal":

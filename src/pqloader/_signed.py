@@ -46,6 +46,11 @@ def unsigned(url: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(kept)))
 
 
+def is_signed(url: str) -> bool:
+    """Whether ``url`` carries a signature (:func:`unsigned` drops it)."""
+    return unsigned(url) != url
+
+
 def redact(text: str) -> str:
     """``text`` with the secret values of any signed URL in it replaced by ``REDACTED``."""
     return _SECRET.sub(r"\1REDACTED", text) if "=" in text else text
