@@ -205,14 +205,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--files", type=int, default=16)
     p.add_argument("--batch-size", type=int, help="default 4096 (1024 with --tiny)")
     p.add_argument("--repeats", type=int, default=5, help="runs per measurement; medians reported")
-    p.add_argument("--positions", default=",".join(map(str, POSITIONS)),
-                   help="fractions of the epoch, comma-separated")
+    p.add_argument("--positions", help="fractions of the epoch, comma-separated (default: "
+                   + ",".join(map(str, POSITIONS)) + "; 0,0.5 with --tiny)")
     p.add_argument("--workers", default=",".join(map(str, WORKERS)),
                    help="num_workers values, comma-separated")
     p.add_argument("--data", type=Path, help="dataset folder, reused when it holds the same "
                    "rows and files (default: bench_tabular's, under the temp dir)")
     p.add_argument("--tiny", action="store_true",
-                   help="100k rows, 4 files, 8192-row groups, batch 1024, 1 repeat: a smoke run")
+                   help="100k rows, 4 files, 8192-row groups, batch 1024, positions 0 and 0.5, "
+                   "1 repeat: a smoke run (each measurement is a fresh process importing torch)")
     p.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     p.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--child-workers", type=int, help=argparse.SUPPRESS)
@@ -221,6 +222,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.tiny:
         args.rows, args.files, args.row_group_size, args.repeats = 100_000, 4, 8192, 1
         args.batch_size = args.batch_size or 1024
+        args.positions = args.positions or "0,0.5"
+    args.positions = args.positions or ",".join(map(str, POSITIONS))
     args.batch_size = args.batch_size or 4096
     try:
         args.positions = [float(x) for x in args.positions.split(",") if x.strip()]

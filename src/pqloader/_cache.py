@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from ._entry import Buffer, CorruptCacheEntry, decode, read_header, write
 from ._errors import InvalidArgumentError
+from ._layouts import old_layouts, tree_bytes
 from ._signed import unsigned
 
 __all__ = ["Buffer", "Cache", "CacheEntry", "CorruptCacheEntry"]
@@ -263,53 +264,12 @@ class Cache:
         """Folders of entries in another layout (``v1``: older pqloader versions) and the bytes
         each holds. This version never reads them; :meth:`clear` deletes them, eviction leaves
         them to the jobs that use them."""
-        out: dict[str, int] = {}
-        if not self.directory.is_dir():
-            return out
-        for sub in os.scandir(self.directory):
-            if sub.name != _LAYOUT and _is_layout(sub.name) and sub.is_dir(follow_symlinks=False) \
-                    and _holds_entries_only(Path(sub.path)):
-                out[sub.name] = _tree_bytes(Path(sub.path))
-        return dict(sorted(out.items()))
+        return old_layouts(self.directory, _LAYOUT)
 
     def clear(self) -> int:
         """Delete every entry, old layouts' too; returns bytes freed."""
         freed = self.evict(target=0)
         for name, size in self.old_layouts().items():
             shutil.rmtree(self.directory / name, ignore_errors=True)
-            freed += size - _tree_bytes(self.directory / name)  # what a writer kept, if any
+            freed += size - tree_bytes(self.directory / name)  # what a writer kept, if any
         return freed
-
-
-def _is_layout(name: str) -> bool:
-    return len(name) > 1 and name[0] == "v" and name[1:].isdigit()
-
-
-_HEX = frozenset("0123456789abcdef")
-
-
-def _holds_entries_only(root: Path) -> bool:
-    """True when ``root`` holds nothing but what a cache layout writes (``ab/<sha256>.pqc``,
-    temporaries, the lock): a ``v1/`` of the user's own files beside the cache is not one, and
-    ``clear`` must never delete it."""
-    for sub in os.scandir(root):
-        if sub.name == ".lock" and sub.is_file(follow_symlinks=False):
-            continue
-        if not (len(sub.name) == 2 and set(sub.name) <= _HEX
-                and sub.is_dir(follow_symlinks=False)):
-            return False
-        for entry in os.scandir(sub.path):
-            if not (entry.is_file(follow_symlinks=False) and (
-                    entry.name.startswith(".tmp-") or (entry.name.endswith(".pqc")
-                                                       and entry.name.startswith(sub.name)))):
-                return False
-    return True
-
-
-def _tree_bytes(root: Path) -> int:
-    total = 0
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total

@@ -9,12 +9,12 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
 import pqloader
 
+from ._cache_cli import cmd_cache
 from ._convert import (
     CODECS,
     FORMATS,
@@ -25,7 +25,7 @@ from ._convert import (
     open_source,
 )
 from ._guesses import column_type
-from ._inspect import human_bytes, inspect_dataset, print_inspect
+from ._inspect import inspect_dataset, print_inspect
 
 _WRITE_DEFAULTS = {name: p.default  # one source of truth: write_dataset's own defaults
                    for name, p in inspect.signature(pqloader.write_dataset).parameters.items()
@@ -160,50 +160,6 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return 0 if all(r.exactly_once for r in reports) else 1
 
 
-def _cmd_cache(args: argparse.Namespace) -> int:
-    if not Path(args.dir).is_dir():  # a mistyped folder: say so, make nothing
-        what = f"{args.dir} is not a folder" if Path(args.dir).exists() else \
-            f"no cache folder at {args.dir}"
-        if args.action == "clear" and not Path(args.dir).exists():
-            print(f"{what}: nothing to clear")
-            return 0
-        raise CommandFailure(f"{what}; pass the folder given as pqloader.Cache(directory)")
-    cache = pqloader.Cache(args.dir)
-    if args.action == "clear":
-        print(f"freed {human_bytes(cache.clear())} in {args.dir}")
-        return 0
-    old = cache.old_layouts()
-    note = (f"plus {human_bytes(sum(old.values()))} in entries of older pqloader versions "
-            f"({', '.join(old)}), which this version never reads: `pqloader cache clear "
-            f"{args.dir}` deletes them") if old else ""
-    if args.action == "du":
-        entries = cache.entries()
-        used = sum(e.size_bytes for e in entries)
-        if args.json:
-            print(json.dumps({"dir": str(args.dir), "entries": len(entries), "bytes": used,
-                              "old_layouts": old}))
-        else:
-            print(f"{human_bytes(used)} in {len(entries):,} entries ({args.dir})")
-            if note:
-                print(note)
-        return 0
-    entries = cache.entries()
-    if args.json:
-        print(json.dumps([{"url": e.url, "version": e.version, "offset": e.offset,
-                           "length": e.length, "bytes": e.size_bytes, "last_used": e.last_used}
-                          for e in entries]))
-        return 0
-    by_url: dict[str, list[Any]] = {}
-    for e in entries:
-        by_url.setdefault(e.url, []).append(e)
-    print(f"{'bytes':>10}  {'ranges':>6}  url")
-    for url, group in sorted(by_url.items()):
-        print(f"{human_bytes(sum(e.size_bytes for e in group)):>10}  {len(group):>6}  {url}")
-    if note:
-        print(note)
-    return 0
-
-
 def _positive_int(text: str) -> int:
     if not text.strip().replace("_", "").isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
@@ -304,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="ls: cached bytes per remote file; du: total; clear: delete all")
     ca.add_argument("dir", help="the cache directory (pqloader.Cache(dir))")
     ca.add_argument("--json", action="store_true", help="print JSON")
-    ca.set_defaults(run=_cmd_cache, parser=ca)
+    ca.set_defaults(run=cmd_cache, parser=ca)
     return parser
 
 

@@ -13,7 +13,7 @@ def test_bench_resume_tiny(run_bench: Any) -> None:
     result: Any = run_bench("bench_resume")
     assert result["benchmark"] == "resume"
     cells = {(r["position"], r["workers"]) for r in result["results"]}
-    assert cells == {(p, n) for p in (0.0, 0.01, 0.5, 0.99) for n in (0, 2)}
+    assert cells == {(p, n) for p in (0.0, 0.5) for n in (0, 2)}
     for r in result["results"]:
         assert not r["errors"], r["errors"]
         assert 0 <= r["batch"] < result["num_batches"]
@@ -24,4 +24,4 @@ def test_bench_resume_tiny(run_bench: Any) -> None:
         digests = {run["digest"] for kind in ("restore", "replay") for run in r[kind]["runs"]}
         assert len(digests) == 1, r  # both ways delivered the same batch
     batches = {r["position"]: r["batch"] for r in result["results"]}
-    assert batches[0.0] == 0 < batches[0.01] < batches[0.5] < batches[0.99]
+    assert batches[0.0] == 0 < batches[0.5] < result["num_batches"] - 1

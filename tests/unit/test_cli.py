@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import pqloader
-from pqloader._cli import human_bytes, main
+from pqloader._cli import main
+from pqloader._inspect import human_bytes
 
 ROWS = 1000  # make_dataset(ROWS, rows_per_file=300, row_group_size=100): 4 files, 10 row groups
 
