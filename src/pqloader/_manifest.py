@@ -22,13 +22,22 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._sizes import RowBytes, Sample, dictionary_strings, is_flat_bytes, row_bytes, samples
+from ._sizes import (
+    RowBytes,
+    Sample,
+    dictionary_strings,
+    has_bytes,
+    is_flat_bytes,
+    measure,
+    row_bytes,
+)
 
 NAME = "_pqloader_manifest.json"
 FORMAT = "pqloader.manifest"
-# 2 added each file's "row_bytes"; 3 measures dictionary-encoded strings in them (_measure.py).
-# An older manifest is still read, unless it has string or binary columns (then the footers are).
-VERSION = 3
+# 2 added each file's "row_bytes"; 3 measures dictionary-encoded strings in them (_measure.py);
+# 4 measures those nested in lists, structs and maps too. An older manifest is still read, unless
+# it has such columns that it did not measure (then the footers are).
+VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -73,9 +82,11 @@ def _measured(paths: list[str], footers: list[pq.FileMetaData]) -> dict[str, Sam
     for path, md in zip(paths, footers, strict=True):
         rg, leaves = dictionary_strings(md)
         if leaves:
-            names = list(leaves)
-            handle = pq.ParquetFile(path, metadata=md, read_dictionary=names)
-            return samples(handle.read_row_group(rg, columns=names), md, rg, leaves)
+            try:
+                return measure(pq.ParquetFile(path, metadata=md, read_dictionary=list(leaves)),
+                               rg, leaves)
+            except (pa.ArrowException, TypeError):  # left to the footers' sizes, as on open
+                return {}
     return {}
 
 
@@ -110,7 +121,7 @@ def match_manifest(text: str, where: str, found: dict[str, int],
         body = json.loads(text)
         if not isinstance(body, dict):
             raise ValueError(f"a JSON {type(body).__name__}, not an object")
-        if body.get("format") != FORMAT or body.get("version") not in (1, 2, VERSION):
+        if body.get("format") != FORMAT or body.get("version") not in (1, 2, 3, VERSION):
             raise ValueError(f"format {body.get('format')!r} version {body.get('version')!r}")
         listed = {f["name"]: _checked(f) for f in body["files"]}
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema"])))
@@ -118,7 +129,8 @@ def match_manifest(text: str, where: str, found: dict[str, int],
         warnings.warn(f"{where}: unreadable manifest ({exc}); reading the footers instead",
                       stacklevel=4)
         return None
-    if body["version"] < 3 and any(is_flat_bytes(f.type) for f in schema):
+    if (body["version"] < 3 and any(is_flat_bytes(f.type) for f in schema)) or (
+            body["version"] < 4 and any(has_bytes(f.type) for f in schema)):
         return None  # its string sizes are the footers' (7-19x too small): read the footers
     stale = sorted(set(found) ^ set(listed)) or [
         name for name in sorted(found) if found[name] != listed[name]["size"]]

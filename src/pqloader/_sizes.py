@@ -7,15 +7,18 @@ a fixed width, the decoded size is exact from the value count: ``num_values`` (n
 as Arrow keeps their slots) times the width, plus a 4-byte offset per row for each list level.
 Strings and binaries keep their encoded size (at least a 4-byte offset per value): their
 lengths are not in the footer. A dictionary-encoded one's encoded size counts each distinct value
-once, so a column of a few category names measured 12 bytes a row against 85 decoded: windows
-7x the size asked for. Opening a dataset measures those (``_measure.py``): it reads one small
-row group of them, as dictionaries (never decoded: 4 distinct 1 KB values over 1M rows would
-take 1 GB), into a :class:`Sample` each, which :func:`row_bytes` scales to every other file by
-the lengths of its chunks' min and max values (a shard of long names and one of short ones).
+once, so a column of a few category names measured 12 bytes a row against 85 decoded (windows
+7x the size asked for), and a ``list<string>`` of tags 26 against 235. Opening a dataset
+measures those (``_measure.py``), top-level or nested in lists, structs and maps: it reads one
+small row group of each such leaf column, as dictionaries (never decoded: 4 distinct 1 KB values
+over 1M rows would take 1 GB), into a :class:`Sample` each, which :func:`row_bytes` scales to
+every other file by the lengths of its chunks' min and max values (a shard of long names and one
+of short ones).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -27,9 +30,9 @@ RowBytes = dict[str, float]  # top-level column -> decoded bytes per row
 
 @dataclass(frozen=True)
 class Sample:
-    """A dictionary-encoded string column, measured in one row group."""
+    """A dictionary-encoded string or binary leaf column, measured in one row group."""
 
-    value_bytes: float  # the mean length of its values (a null: 0)
+    value_bytes: float  # the mean length of its values (a null, an empty list's slot: 0)
     offset_bytes: int  # per value: 4, 8 for large_string and large_binary, 16 for views
     reference: float | None  # the mean length of its min and max value there (footer stats)
 
@@ -37,13 +40,14 @@ class Sample:
 _WIDTH = {"BOOLEAN": 0.125, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8,
           "INT96": 8}  # INT96 timestamps decode to 8-byte ones
 _SAMPLE_BYTES = 8 << 20  # the most encoded bytes of dictionary strings read to measure them
+_TEXT = ("STRING", "NONE")  # a leaf's logical type: text, or bytes (not a decimal, JSON...)
 
 
 def row_bytes(md: pq.FileMetaData, measured: dict[str, Sample] | None = None
               ) -> RowBytes | None:
     """Decoded bytes per row of each top-level column, from the file's largest row group
-    (``None`` for a file without rows). ``measured``: dictionary-encoded string columns
-    (:func:`samples`), for this file's chunks of them that are dictionary-encoded too.
+    (``None`` for a file without rows). ``measured``: dictionary-encoded string leaf columns by
+    path (:func:`measure`), for this file's chunks of them that are dictionary-encoded too.
     """
     rg = _largest(md)
     if rg is None:
@@ -60,10 +64,11 @@ def row_bytes(md: pq.FileMetaData, measured: dict[str, Sample] | None = None
             size = chunk.num_values * leaf.length
         else:  # BYTE_ARRAY: strings, binaries
             size = max(chunk.total_uncompressed_size, 4 * chunk.num_values)
+            sample = measured.get(chunk.path_in_schema) if measured else None
+            if sample is not None and chunk.has_dictionary_page:
+                size = max(size, _scaled(sample, chunk))
         size += 4 * rg.num_rows * leaf.max_repetition_level  # list offsets
         name = owners[i] if owners else chunk.path_in_schema.split(".", 1)[0]
-        if measured and name in measured and kind == "BYTE_ARRAY" and chunk.has_dictionary_page:
-            size = max(size, _scaled(measured[name], chunk))
         out[name] = out.get(name, 0.0) + size / rg.num_rows
     return out
 
@@ -87,52 +92,85 @@ def _reference(chunk: pq.ColumnChunkMetaData) -> float | None:
 
 
 def dictionary_strings(md: pq.FileMetaData) -> tuple[int, dict[str, int]]:
-    """The top-level string and binary columns of ``md`` whose largest row group stores them
-    with a dictionary, small enough to read (``_SAMPLE_BYTES`` together): (that row group,
-    {name: leaf column}). Their footer sizes undercount them; :func:`samples` measures them."""
+    """The string and binary leaf columns of ``md``, top-level or in lists, structs and maps,
+    that its largest row group stores with a dictionary: (that row group, {leaf path: leaf
+    column}). Their footer sizes undercount them; :func:`measure` measures them. At most
+    ``_SAMPLE_BYTES`` of their top-level columns, encoded: a remote read fetches all of a
+    column's leaves."""
     rg = _largest(md)
-    fields = [f for f in md.schema.to_arrow_schema() for _ in range(leaf_count(f.type))]
-    if rg is None or len(fields) != rg.num_columns:
+    owners = leaf_owners(md)
+    if rg is None or owners is None:
         return 0, {}
+    paths = [rg.column(i).path_in_schema for i in range(rg.num_columns)]
+    unique = {p for p, n in Counter(paths).items() if n == 1}  # not a top-level "a.b" beside a.b
+    encoded = Counter[str]()
+    for i, owner in enumerate(owners):
+        encoded[owner] += rg.column(i).total_compressed_size
     leaves: dict[str, int] = {}
+    taken: set[str] = set()
     total = 0
-    for i, field in enumerate(fields):
+    for i, path in enumerate(paths):
         chunk = rg.column(i)
-        if (chunk.physical_type == "BYTE_ARRAY" and chunk.has_dictionary_page
-                and is_flat_bytes(field.type)
-                and total + chunk.total_compressed_size <= _SAMPLE_BYTES):
-            leaves[field.name] = i
-            total += chunk.total_compressed_size
+        if not (chunk.physical_type == "BYTE_ARRAY" and chunk.has_dictionary_page
+                and path in unique and md.schema.column(i).logical_type.type in _TEXT):
+            continue
+        cost = 0 if owners[i] in taken else encoded[owners[i]]
+        if total + cost <= _SAMPLE_BYTES:
+            leaves[path] = i
+            taken.add(owners[i])
+            total += cost
     index = max(range(md.num_row_groups), key=lambda i: md.row_group(i).num_rows)
     return index, leaves
 
 
-def samples(table: pa.Table, md: pq.FileMetaData, row_group: int, leaves: dict[str, int]
+def measure(handle: pq.ParquetFile, row_group: int, leaves: dict[str, int]
             ) -> dict[str, Sample]:
-    """The columns ``leaves`` names, measured in ``table``: row group ``row_group`` of ``md``,
-    read with ``read_dictionary`` (values are counted through the dictionary, not decoded)."""
-    rows = max(1, table.num_rows)
-    rg = md.row_group(row_group)
+    """The leaf columns ``leaves`` names ({path: leaf column}, :func:`dictionary_strings`),
+    measured in row group ``row_group`` of ``handle``, a file opened with those paths in
+    ``read_dictionary``: each leaf is read alone and its values counted through the
+    dictionary, never decoded."""
+    rg = handle.metadata.row_group(row_group)
     out = {}
-    for name, leaf in leaves.items():
-        column = table.column(name)
-        t = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+    for path, leaf in leaves.items():
+        values = [_leaf(chunk) for chunk in
+                  handle.read_row_group(row_group, columns=[path]).column(0).chunks]
+        t = values[0].type.value_type if values and pa.types.is_dictionary(values[0].type) \
+            else values[0].type if values else pa.string()
         width = 8 if pa.types.is_large_string(t) or pa.types.is_large_binary(t) else \
             16 if pa.types.is_string_view(t) or pa.types.is_binary_view(t) else 4
-        out[name] = Sample(_value_bytes(column) / rows, width, _reference(rg.column(leaf)))
+        chunk = rg.column(leaf)
+        out[path] = Sample(sum(map(_value_bytes, values)) / max(1, chunk.num_values), width,
+                           _reference(chunk))
     return out
 
 
-def _value_bytes(column: pa.ChunkedArray) -> int:
-    """The bytes of a string or binary column's values, counted through its dictionaries."""
-    total = 0
-    for chunk in column.chunks:
-        if pa.types.is_dictionary(chunk.type):
-            lengths = pc.take(pc.binary_length(chunk.dictionary), chunk.indices)
+def _leaf(array: pa.Array) -> pa.Array:
+    """The string or binary values of a column read for one leaf: through its lists (all their
+    values: the array is fresh from a read, not a slice), structs and maps."""
+    while not (pa.types.is_dictionary(array.type) or is_flat_bytes(array.type)):
+        if pa.types.is_struct(array.type):
+            array = array.field(0)
+        elif array.type.num_fields == 1 and hasattr(array, "values"):  # lists, a map's entries
+            array = array.values
         else:
-            lengths = pc.binary_length(chunk)
-        total += int(pc.sum(lengths).as_py() or 0)
-    return total
+            raise TypeError(f"{array.type} holds no string or binary leaf")
+    return array
+
+
+def _value_bytes(array: pa.Array) -> int:
+    """The bytes of a string or binary array's values, counted through its dictionary."""
+    if pa.types.is_dictionary(array.type):
+        lengths = pc.take(pc.binary_length(array.dictionary), array.indices)
+    else:
+        lengths = pc.binary_length(array)
+    return int(pc.sum(lengths).as_py() or 0)
+
+
+def has_bytes(t: pa.DataType) -> bool:
+    """A string or binary type, or one that holds some in its lists, structs or maps."""
+    if pa.types.is_dictionary(t):
+        return has_bytes(t.value_type)
+    return is_flat_bytes(t) or any(has_bytes(t.field(i).type) for i in range(t.num_fields))
 
 
 def is_flat_bytes(t: pa.DataType) -> bool:
