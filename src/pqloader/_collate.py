@@ -118,8 +118,8 @@ def _fixed_list(array: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
     if null_lists:
         array = pc.fill_null(array, pa.scalar([float("nan")] * t.list_size, t))
     return pa.chunked_array(
-        [pa.FixedSizeListArray.from_arrays(pc.fill_null(_list_values(c), nan), t.list_size)
-         for c in array.chunks], t)
+        [pa.FixedSizeListArray.from_arrays(pc.fill_null(_list_values(c), nan), type=t)
+         for c in array.chunks], t)  # type=t: its values' field may say "not null"
 
 
 def window_order(order: np.ndarray) -> pa.Array:

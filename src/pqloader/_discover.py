@@ -31,7 +31,7 @@ from ._footers import (
 )
 from ._fs import ObjectInfo, Store
 from ._manifest import match_manifest, read_manifest
-from ._schema import hive_partition, partition_schema, unify
+from ._schema import hive_partition, partition_schema, unify, unviewed
 from ._signed import redact
 from ._sizes import fragment_bytes
 from ._sources import expand_source, list_remote
@@ -166,6 +166,7 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
            columns: Sequence[str] | None, filter: Any, store: Store | None, cache: Cache | None
            ) -> Discovery:
     """The fragment index and the unified, projected schema of opened files."""
+    schemas = [(path, unviewed(s)) for path, s in schemas]  # as _read.py reads them
     part_schema = partition_schema(entries)
     if columns is not None:
         columns = list(columns)
@@ -178,7 +179,8 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
     else:
         file_cols = None
     for field in part_schema:  # every file's columns, not only the projected ones
-        clash = next((path for path, s in schemas if s.get_field_index(field.name) >= 0), None)
+        clash = next((path for path, s in schemas if s.get_all_field_indices(field.name)),
+                     None)
         if clash is not None:
             raise SchemaMismatchError(
                 f"column {field.name!r} is both a hive partition folder and a column in "

@@ -25,6 +25,7 @@ from ._fetch import cached_ranges
 from ._footers import remote_footer
 from ._fs import ObjectInfo
 from ._ranges import Range, coalesce
+from ._schema import unviewed
 from ._sizes import leaf_count
 
 _MAX_PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
@@ -114,6 +115,8 @@ class FragmentReader:
                 f"{entry.path}: row group {row_group} does not decode ({exc}); the file is "
                 "corrupt or truncated: rewrite it or remove it from the dataset"
             ) from exc
+        if (plain := unviewed(schema := table.schema)) is not schema:  # string_view: no take
+            table = table.cast(plain)
         for field, column in partition_columns(entry, self._partitions, table.num_rows):
             table = table.append_column(field, column)
         if d.filter is not None:

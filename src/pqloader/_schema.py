@@ -65,12 +65,64 @@ def same_type(a: pa.DataType, b: pa.DataType) -> bool:
     return False
 
 
+def unviewed(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with string and binary views (``string_view``: what pyarrow and Polars may
+    write) as ``large_string`` and ``large_binary``, at any depth: what pqloader reads them
+    into (Arrow's take, filters and the collation have no kernels for views)."""
+    if not any(_has_view(t) for t in schema.types):
+        return schema
+    return pa.schema([f.with_type(_unview(f.type)) for f in schema], metadata=schema.metadata)
+
+
+def _has_view(t: pa.DataType) -> bool:
+    if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
+        return True
+    if pa.types.is_dictionary(t):
+        return _has_view(t.value_type)
+    return any(_has_view(t.field(i).type) for i in range(t.num_fields))
+
+
+def _unview(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(t):
+        return pa.large_string()
+    if pa.types.is_binary_view(t):
+        return pa.large_binary()
+    if not _has_view(t):
+        return t
+    if pa.types.is_dictionary(t):
+        return pa.dictionary(t.index_type, _unview(t.value_type), t.ordered)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_unview(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_unview(t.key_type)),
+                       t.item_field.with_type(_unview(t.item_type)), t.keys_sorted)
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_unview(t.value_type)), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_unview(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_unview(t.value_type)))
+    return t  # list views, unions...: left as they are, refused or passed on as before
+
+
+def field_index(schema: pa.Schema, name: str, path: str) -> int:
+    """The index of column ``name`` in ``path``'s ``schema``; -1 when it has none; an error
+    when it has several (pyarrow's own lookup says -1 then, and "not in" would be a lie)."""
+    i: int = schema.get_field_index(name)
+    if i < 0 and schema.get_all_field_indices(name):
+        raise SchemaMismatchError(
+            f"column {name!r} appears {len(schema.get_all_field_indices(name))} times in "
+            f"{path}; pqloader needs each name once: rename them when writing, or read the "
+            "other columns with columns=[...]")
+    return i
+
+
 def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | None) -> pa.Schema:
     """One schema for ``(path, schema)`` pairs, or an error naming two files that disagree."""
     first, base = schemas[0][0], schemas[0][1].remove_metadata()
     names = list(base.names) if columns is None else list(columns)
     for name in names:
-        if base.get_field_index(name) < 0:
+        if field_index(base, name, first) < 0:
             raise ColumnNotFoundError(
                 f"column {name!r} is not in {first}; its columns are {base.names}"
             )
@@ -85,7 +137,7 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | Non
                     "pass columns=[...] to read the columns they share"
                 )
         for field in fields:
-            i = schema.get_field_index(field.name)
+            i = field_index(schema, field.name, path)
             if i < 0:
                 raise SchemaMismatchError(
                     f"{path} lacks column {field.name!r} that {first} has; "

@@ -33,7 +33,7 @@ class Sample:
     """A dictionary-encoded string or binary leaf column, measured in one row group."""
 
     value_bytes: float  # the mean length of its values (a null, an empty list's slot: 0)
-    offset_bytes: int  # per value: 4, 8 for large_string and large_binary, 16 for views
+    offset_bytes: int  # per value: 4, 8 for large_string and large_binary (and views)
     reference: float | None  # the mean length of its min and max value there (footer stats)
 
 
@@ -136,8 +136,8 @@ def measure(handle: pq.ParquetFile, row_group: int, leaves: dict[str, int]
                   handle.read_row_group(row_group, columns=[path]).column(0).chunks]
         t = values[0].type.value_type if values and pa.types.is_dictionary(values[0].type) \
             else values[0].type if values else pa.string()
-        width = 8 if pa.types.is_large_string(t) or pa.types.is_large_binary(t) else \
-            16 if pa.types.is_string_view(t) or pa.types.is_binary_view(t) else 4
+        width = 4 if pa.types.is_string(t) or pa.types.is_binary(t) else 8  # views are read
+        # as large strings (_schema.unviewed)
         chunk = rg.column(leaf)
         out[path] = Sample(sum(map(_value_bytes, values)) / max(1, chunk.num_values), width,
                            _reference(chunk))

@@ -1,0 +1,87 @@
+"""Arrow types as other writers leave them: string and binary views (pyarrow >= 16, Polars),
+list elements declared not null, a column name written twice."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import pqloader
+
+
+def _views(tmp_path: Path) -> Path:
+    table = pa.table({
+        "id": np.arange(10),
+        "s": pa.array([f"v{i}" for i in range(10)], pa.string_view()),
+        "b": pa.array([b"x%d" % i for i in range(10)], pa.binary_view()),
+        "tags": pa.array([[f"t{i}"] * (i % 3) for i in range(10)], pa.list_(pa.string_view())),
+    })
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=4)
+    assert pq.read_schema(tmp_path / "a.parquet").field("s").type == pa.string_view()
+    return tmp_path
+
+
+def test_string_views_are_read_as_large_strings(tmp_path: Path) -> None:
+    ds = pqloader.ParquetDataset(_views(tmp_path))
+    assert ds.columns["s"] == pa.large_string() and ds.columns["b"] == pa.large_binary()
+    assert ds.columns["tags"] == pa.list_(pa.large_string())
+    assert ds.__getitems__([7, 2]) == [  # Arrow's take has no kernel for views
+        {"id": 7, "s": "v7", "b": b"x7", "tags": ["t7"]}, {"id": 2, "s": "v2", "b": b"x2",
+                                                          "tags": ["t2", "t2"]}]
+    flat = pqloader.ParquetDataset(tmp_path, columns=["id", "s", "b"])
+    batches = list(pqloader.DataLoader(flat, batch_size=4, shuffle=True, seed=3, num_workers=2))
+    ids = torch.cat([b["id"] for b in batches]).tolist()
+    assert sorted(ids) == list(range(10))
+    assert [s for b in batches for s in b["s"]] == [f"v{i}" for i in ids]
+    assert [x for b in batches for x in b["b"]] == [b"x%d" % i for i in ids]
+
+
+def test_string_views_pass_to_collate_fn_and_filters(tmp_path: Path) -> None:
+    ds = pqloader.ParquetDataset(_views(tmp_path), filter=[("s", "in", ["v1", "v5", "v8"])])
+    assert len(ds) == 3
+    loader = pqloader.DataLoader(ds, batch_size=2, shuffle=True, collate_fn=lambda rb: rb)
+    rows = sorted((r for rb in loader for r in rb.to_pylist()), key=lambda r: r["id"])
+    assert [(r["id"], r["tags"]) for r in rows] == [(1, ["t1"]), (5, ["t5", "t5"]), (8, ["t8"] * 2)]
+
+
+def test_a_null_list_of_elements_declared_not_null_is_a_row_of_nan(tmp_path: Path) -> None:
+    """Spark's ``array<float>`` with ``containsNull=false``: the elements' field says not null,
+    and a null list must still become NaN, as with nullable elements (it was a raw
+    ``ArrowTypeError``)."""
+    element = pa.field("element", pa.float32(), nullable=False)
+    table = pa.table({"id": [0, 1, 2], "emb": pa.array([[1.0, 2.0], None, [3.0, 4.0]],
+                                                       pa.list_(element, 2))})
+    pq.write_table(table, tmp_path / "a.parquet")
+    for workers in (0, 2):
+        (batch,) = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=3,
+                                       num_workers=workers)
+        emb = batch["emb"]
+        assert emb[0].tolist() == [1.0, 2.0] and emb[2].tolist() == [3.0, 4.0]
+        assert all(math.isnan(v) for v in emb[1].tolist())
+
+
+def test_a_column_name_written_twice_is_named(tmp_path: Path) -> None:
+    """pyarrow's lookup of a twice-written name says "no such column": the error said 'x' was
+    not in a file whose columns it listed as ['id', 'x', 'x']."""
+    table = pa.Table.from_arrays([pa.array([0, 1]), pa.array([1.0, 2.0]), pa.array([3, 4])],
+                                 names=["id", "x", "x"])
+    pq.write_table(table, tmp_path / "a.parquet")
+    for columns in (None, ["x"]):
+        with pytest.raises(pqloader.SchemaMismatchError, match=r"'x' appears 2 times in .*"
+                           r"a\.parquet; .*rename them when writing"):
+            pqloader.ParquetDataset(tmp_path, columns=columns)
+    assert len(pqloader.ParquetDataset(tmp_path, columns=["id"])) == 2
+
+
+def test_a_name_written_twice_in_a_later_file_is_named(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"id": [0], "x": [1.0]}), tmp_path / "a.parquet")
+    pq.write_table(pa.Table.from_arrays([pa.array([1]), pa.array([2.0]), pa.array([3.0])],
+                                        names=["id", "x", "x"]), tmp_path / "b.parquet")
+    with pytest.raises(pqloader.SchemaMismatchError, match=r"'x' appears 2 times in .*b\.parquet"):
+        pqloader.ParquetDataset(tmp_path, columns=["id", "x"])
