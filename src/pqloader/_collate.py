@@ -71,9 +71,11 @@ def _numeric(array: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
         array = pa.chunked_array([c.dictionary_decode() for c in array.chunks], t)
     if array.null_count:
         if not pa.types.is_floating(t):
+            cast = ", cast the column to float (nulls become NaN)" if pa.types.is_integer(t) \
+                else ""  # not a timestamp's or a bool's
             raise DataError(
                 f"column {name!r} ({t}) has {array.null_count} null values; fill them when "
-                "writing, cast the column to float (nulls become NaN), or pass collate_fn="
+                f"writing{cast}, or pass collate_fn="
             )
         array = pc.fill_null(array, pa.scalar(float("nan"), t))
     if pa.types.is_temporal(t):
@@ -178,7 +180,8 @@ class Ragged:
     def of(cls, array: pa.ListArray | pa.LargeListArray, order: np.ndarray | None,
            name: str) -> Ragged:
         if array.flatten().null_count:
-            raise DataError(f"column {name!r} has null values inside its lists; fill them first")
+            raise DataError(f"column {name!r} ({array.type}) has null values inside its lists; "
+                            "fill them when writing, or pass collate_fn=")
         lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
         starts = array.offsets.to_numpy()[:-1].astype(np.int64)
         values = array.values.to_numpy(zero_copy_only=False)

@@ -37,6 +37,7 @@ class RowFilter:
     schema: pa.Schema  # the columns the expression reads, with the dataset's types
     text: str  # str(expression), for messages: it shortens long value sets, so it is lossy
     key: str  # the expression whole (every literal, unit and type): what resume states keep
+    nan_false: bool = False  # false on a NaN of any float column it reads (:func:`_nan_false`)
 
     @property
     def columns(self) -> list[str]:
@@ -54,7 +55,8 @@ class RowFilter:
         empty = schema.empty_table()
         _bind(expression, empty, text, schema, where)
         used = _used(expression, empty, list(schema.names))
-        return cls(expression, pa.schema([schema.field(n) for n in used]), text, _key(expression))
+        return cls(expression, pa.schema([schema.field(n) for n in used]), text, _key(expression),
+                   _nan_false(value, schema))
 
     def apply(self, table: pa.Table, where: str) -> pa.Table:
         """The rows of ``table`` the filter keeps, in order (``where``: the file and row group,
@@ -94,6 +96,40 @@ def _key(expression: pc.Expression) -> str:
     except (pa.ArrowException, IndexError, TypeError):  # another pyarrow's layout: its bytes
         return hashlib.sha256(pickle.dumps(expression)).hexdigest()
     return f"{reader.schema}\n{literals!r}"
+
+
+_NAN_FALSE = frozenset({"=", "==", "<", ">", "<=", ">="})  # NaN compares false to all
+
+
+def _nan_false(value: Any, schema: pa.Schema) -> bool:
+    """Whether ``value``, DNF tuples (ANDs of ORs, no negation), is false for a row whatever
+    NaN its float columns hold: each of its tests of a float column a comparison, or ``in`` a
+    set without NaN. Min/max statistics leave NaN out, so only such a filter may prune row
+    groups by them (:func:`pqloader._kept._may_match`). An expression is not looked into."""
+    if isinstance(value, pc.Expression):
+        return False
+    groups = value if isinstance(value[0], Sequence) and not isinstance(value[0], str) and \
+        value[0] and isinstance(value[0][0], Sequence) and not isinstance(value[0][0], str) \
+        else [value]
+    for column, op, operand in (test for group in groups for test in group):
+        if column not in schema.names or not has_floats(schema.field(column).type):
+            continue
+        if op == "in":
+            values = pa.array(list(operand)) if not isinstance(operand, pa.Array) else operand
+            if pa.types.is_floating(values.type) and pc.any(pc.is_nan(values)).as_py():
+                return False
+        elif op not in _NAN_FALSE:
+            return False
+    return True
+
+
+def has_floats(t: pa.DataType) -> bool:
+    """A float type, or one holding floats in its lists, structs or dictionary."""
+    if pa.types.is_floating(t):
+        return True
+    if pa.types.is_dictionary(t):
+        return has_floats(t.value_type)
+    return any(has_floats(t.field(i).type) for i in range(t.num_fields))
 
 
 def _expression(value: Any) -> pc.Expression:

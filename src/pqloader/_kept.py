@@ -16,6 +16,7 @@ import pyarrow.dataset as pads
 
 from ._discover import Discovery, read_footers
 from ._errors import DataError, EmptyDatasetError
+from ._filter import has_floats
 from ._read import FragmentReader, partition_columns
 
 _CHUNK_ROWS = 1 << 20  # rows of row groups a thread counts as one task
@@ -84,10 +85,10 @@ def _may_match(d: Discovery, pool: ThreadPoolExecutor) -> np.ndarray:
     pyarrow's own pruning (what ``pyarrow.dataset`` does before it reads) from the footers
     already read: a row group whose min/max/null counts rule the filter out is counted 0
     without reading it. A footer pyarrow cannot prune from (no statistics) keeps them all,
-    and so does a filter that reads a float column (NaN).
+    and so does a filter that reads a float column, unless NaN makes it false (``nan_false``).
     """
     assert d.filter is not None
-    if any(_has_floats(t) for t in d.filter.schema.types):
+    if not d.filter.nan_false and any(has_floats(t) for t in d.filter.schema.types):
         # Parquet's min/max leave NaN out, and pyarrow prunes as if they held every value: a
         # filter true for NaN (~(x <= 0.5), x.is_nan()) lost those rows, pyarrow's own read too
         return np.ones(len(d.num_rows), dtype=bool)
@@ -116,14 +117,6 @@ def _may_match(d: Discovery, pool: ThreadPoolExecutor) -> np.ndarray:
     return np.fromiter((survivors[f] is None or rg in survivors[f]
                         for f, rg in zip(d.file_index.tolist(), d.row_group.tolist(),
                                          strict=True)), dtype=bool, count=len(d.num_rows))
-
-
-def _has_floats(t: pa.DataType) -> bool:
-    if pa.types.is_floating(t):
-        return True
-    if pa.types.is_dictionary(t):
-        return _has_floats(t.value_type)
-    return any(_has_floats(t.field(i).type) for i in range(t.num_fields))
 
 
 def _count(d: Discovery, probe: FragmentReader, chunk: list[int]) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -276,6 +277,28 @@ def test_nan_rows_a_filter_keeps_are_not_pruned(tmp_path: Path) -> None:
     for keep in (~(pc.field("x") <= 0.5), pc.field("x").is_nan()):
         ds = pqloader.ParquetDataset(tmp_path, filter=keep)
         assert _ids(ds) == table.filter(keep)["id"].to_pylist() == [2]
+
+
+@pytest.mark.parametrize(("dnf", "pruned"), [
+    ([("x", ">", 0.75)], True),  # NaN > 0.75 is false: its rows were never kept
+    ([[("x", "<", 0.1)], [("x", ">=", 0.9), ("id", "!=", 5)]], True),
+    ([("x", "in", [0.95, 0.97])], True),
+    ([("x", "!=", 0.5)], False),  # true on NaN: rows in any row group
+    ([("x", "not in", [0.5])], False),
+    ([("x", "in", [float("nan"), 0.95])], False),
+])
+def test_dnf_filters_false_on_nan_prune_float_row_groups(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dnf: list[Any], pruned: bool) -> None:
+    """Filters as tuples: comparisons are false on NaN, so min/max (which leave NaN out) can
+    rule row groups out, as they do for integers; a test true on NaN reads them all."""
+    x = np.arange(400) / 400  # 0.95 is row 380
+    x[[50, 150, 250, 350]] = np.nan  # one in each row group
+    table = pa.table({"id": np.arange(400), "x": x})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=100)
+    reads = _spy_reads(monkeypatch)
+    ds = pqloader.ParquetDataset(tmp_path, filter=dnf)
+    assert (len(reads) < 4) == pruned, reads
+    assert _ids(ds) == table.filter(pq.filters_to_expression(dnf))["id"].to_pylist()
 
 
 def test_counting_in_small_pieces_counts_the_same(path: Path,

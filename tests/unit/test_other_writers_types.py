@@ -85,3 +85,17 @@ def test_a_name_written_twice_in_a_later_file_is_named(tmp_path: Path) -> None:
                                         names=["id", "x", "x"]), tmp_path / "b.parquet")
     with pytest.raises(pqloader.SchemaMismatchError, match=r"'x' appears 2 times in .*b\.parquet"):
         pqloader.ParquetDataset(tmp_path, columns=["id", "x"])
+
+
+@pytest.mark.parametrize(("values", "cast"), [
+    (pa.array([1, None], pa.int64()), True),
+    (pa.array([1, None], pa.timestamp("us", "UTC")), False),
+    (pa.array([True, None]), False),
+    (pa.array([[1.0], [None]]), False),
+])
+def test_null_advice_fits_the_type(tmp_path: Path, values: pa.Array, cast: bool) -> None:
+    """Casting to float is advice for integers, not for a timestamp or a bool."""
+    pq.write_table(pa.table({"v": values}), tmp_path / "a.parquet")
+    with pytest.raises(pqloader.DataError, match=r"column 'v' .*null values.*collate_fn=") as info:
+        list(pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=2))
+    assert ("cast the column to float" in str(info.value)) == cast, info.value
