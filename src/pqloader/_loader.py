@@ -24,7 +24,7 @@ from ._plan import RankPlan
 from ._processes import ProcessDelivery
 from ._state import Cursor, make_state, read_state
 from ._torch import Planner
-from ._world import resolve_world
+from ._world import check_world, resolve_world
 
 if TYPE_CHECKING:
     from ._dataset import ParquetDataset
@@ -59,7 +59,8 @@ class DataLoader:
             batch position), so random augmentation is reproducible.
         collate_fn: replaces the conversion to tensors: receives the ``pyarrow.RecordBatch``.
         rank, world_size: this process's place; default: from ``torch.distributed`` if
-            initialised, else a single rank.
+            initialised, else a single rank (iterating it once a group of several is up raises:
+            build the loader after ``init_process_group``).
         pin_memory, timeout, worker_init_fn, persistent_workers, prefetch_factor,
         multiprocessing_context: as for ``torch.utils.data.DataLoader``; ``timeout`` (seconds,
             0 = wait forever) raises :class:`pqloader.LoaderTimeoutError`, counted from when
@@ -262,6 +263,7 @@ class DataLoader:
         self._epoch, self._batches, self._resume = cursor.epoch, batches, batches
 
     def __iter__(self) -> Iterator[Any]:
+        check_world(self.config.world, "DataLoader")
         if self._resume is None:  # not the pass a restored state resumes: a whole epoch
             self._forget_origin()
         epoch, start = self._epoch, self._resume or 0

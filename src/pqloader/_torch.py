@@ -20,7 +20,7 @@ from ._plan import RankPlan, num_batches, plan_epoch
 from ._remainder import plan_remainder, remaining
 from ._shared import SharedStream
 from ._state import fingerprint
-from ._world import resolve_world
+from ._world import check_world, resolve_world
 
 if TYPE_CHECKING:
     from ._dataset import ParquetDataset
@@ -258,6 +258,7 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         return self._planner.epoch_batches(self._cursor.get()[0])
 
     def __iter__(self) -> Iterator[Any]:
+        check_world(self._planner.config.world, "dataset (ds.to_torch())")
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         epoch, start = self._cursor.get()

@@ -13,6 +13,7 @@ class World:
 
     rank: int = 0
     world_size: int = 1
+    implicit: bool = False  # taken from torch.distributed (or its absence), not passed
 
     def __post_init__(self) -> None:
         for name, value in (("rank", self.rank), ("world_size", self.world_size)):
@@ -38,5 +39,21 @@ def resolve_world(rank: int | None, world_size: int | None) -> World:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size())
-    return World()
+        return World(dist.get_rank(), dist.get_world_size(), implicit=True)
+    return World(implicit=True)
+
+
+def check_world(world: World, what: str) -> None:
+    """Refuse to iterate a ``what`` that took one rank for lack of ``torch.distributed``, once
+    it is initialised with several: every rank would deliver every row (``DistributedSampler``
+    raises too). Checked at each pass, where no collective is needed."""
+    if not world.implicit or world.world_size > 1:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise InvalidArgumentError(
+            f"this {what} was built before torch.distributed.init_process_group, so it took "
+            f"a single rank, and each of the {dist.get_world_size()} ranks would get every row: "
+            "build it after init_process_group, or pass rank= and world_size= (rank=0, "
+            "world_size=1 to read every row on each rank on purpose)")

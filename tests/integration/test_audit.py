@@ -50,6 +50,32 @@ def test_ranks_together_are_exactly_once(make_dataset: Any, tmp_path: Path) -> N
     assert main(["audit", str(tmp_path)]) == 0
 
 
+def test_the_padding_that_evens_ranks_is_no_duplicate(make_dataset: Any, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """1,001 rows over 3 ranks of 334: 1 row comes twice so that every rank yields 11 batches,
+    as documented; the audit failed every such run ("1 rows more than once", exit 1)."""
+    ds = pqloader.ParquetDataset(make_dataset(1001))
+    for rank in range(3):
+        list(pqloader.DataLoader(ds, batch_size=32, shuffle=True, rank=rank, world_size=3,
+                                 audit_dir=tmp_path))
+    (report,) = pqloader.audit(tmp_path)
+    assert (report.padding, report.duplicates, report.missing) == (1, 0, 0)
+    assert report.exactly_once and report.delivered == 1002
+    assert main(["audit", str(tmp_path)]) == 0
+    assert "1 twice: the padding that evens the ranks" in capsys.readouterr().out
+
+
+def test_a_real_duplicate_beside_padding_room_is_still_one(make_dataset: Any,
+                                                            tmp_path: Path) -> None:
+    """One rank's records twice (a rank restarted from scratch): more than padding explains."""
+    ds = pqloader.ParquetDataset(make_dataset(1001))
+    for rank in (0, 1, 2, 2):
+        list(pqloader.DataLoader(ds, batch_size=32, shuffle=True, rank=rank, world_size=3,
+                                 audit_dir=tmp_path))
+    (report,) = pqloader.audit(tmp_path)
+    assert report.duplicates > 1 and report.padding == 0 and not report.exactly_once
+
+
 def test_a_crash_and_resume_shows_the_redelivered_batches(make_dataset: Any,
                                                           tmp_path: Path) -> None:
     ds = pqloader.ParquetDataset(make_dataset(1000), columns=["id"])

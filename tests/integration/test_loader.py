@@ -523,6 +523,41 @@ def _ddp_worker(rank: int, world_size: int, port: int, source: str, out: str) ->
         dist.destroy_process_group()
 
 
+def _built_before_init(rank: int, world_size: int, port: int, source: str, out: str) -> None:
+    ds = pqloader.ParquetDataset(source, columns=["id"])
+    early = pqloader.DataLoader(ds, batch_size=BATCH, num_workers=0)  # no process group yet
+    early_torch = ds.to_torch(batch_size=BATCH)
+    on_purpose = pqloader.DataLoader(ds, batch_size=BATCH, num_workers=0, rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+    try:
+        told = []
+        for it in (early, early_torch):
+            try:
+                next(iter(it))
+                told.append("")
+            except pqloader.InvalidArgumentError as exc:
+                told.append(str(exc))
+        rows = len(flat(ids_of(on_purpose)))
+        Path(f"{out}.{rank}").write_text(json.dumps({"told": told, "rows": rows}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_loader_built_before_init_process_group_is_refused(make_dataset: Any,
+                                                              tmp_path: Path) -> None:
+    """It took one rank, so each rank would have had every row, silently."""
+    source = make_dataset(ROWS, rows_per_file=250, row_group_size=50)
+    out = tmp_path / "result"
+    torch.multiprocessing.spawn(_built_before_init, args=(2, _free_port(), str(source),
+                                                          str(out)), nprocs=2, join=True)
+    for rank in range(2):
+        result = json.loads(Path(f"{out}.{rank}").read_text())
+        for told in result["told"]:
+            assert "built before torch.distributed.init_process_group" in told, told
+        assert result["rows"] == ROWS  # rank=0, world_size=1 given: every row, as asked
+
+
 def test_torch_distributed_gloo(make_dataset: Any, tmp_path: Path) -> None:
     source = make_dataset(ROWS, rows_per_file=250, row_group_size=50)
     out = tmp_path / "result.json"
