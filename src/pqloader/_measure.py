@@ -55,9 +55,8 @@ def _sample(d: Discovery) -> tuple[int, dict[str, int], list[str]] | None:
     for f, entry in enumerate(d.files):
         if entry.metadata is None:
             return None
-        rg, leaves = dictionary_strings(entry.metadata)
+        rg, leaves = dictionary_strings(entry.metadata, wanted)  # the projection's only
         owners = leaf_owners(entry.metadata) or []
-        leaves = {p: i for p, i in leaves.items() if owners[i] in wanted}
         if leaves:
             fragment = int(np.flatnonzero((d.file_index == f) & (d.row_group == rg))[0])
             return fragment, leaves, sorted({owners[i] for i in leaves.values()})

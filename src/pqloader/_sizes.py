@@ -19,6 +19,7 @@ of short ones).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -39,7 +40,7 @@ class Sample:
 
 _WIDTH = {"BOOLEAN": 0.125, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8,
           "INT96": 8}  # INT96 timestamps decode to 8-byte ones
-_SAMPLE_BYTES = 8 << 20  # the most encoded bytes of dictionary strings read to measure them
+_SAMPLE_BYTES = 8 << 20  # the most bytes of dictionary strings (uncompressed) read to measure
 _TEXT = ("STRING", "NONE")  # a leaf's logical type: text, or bytes (not a decimal, JSON...)
 
 
@@ -91,30 +92,37 @@ def _reference(chunk: pq.ColumnChunkMetaData) -> float | None:
     return sum(lengths) / 2
 
 
-def dictionary_strings(md: pq.FileMetaData) -> tuple[int, dict[str, int]]:
+def dictionary_strings(md: pq.FileMetaData, columns: Collection[str] | None = None
+                       ) -> tuple[int, dict[str, int]]:
     """The string and binary leaf columns of ``md``, top-level or in lists, structs and maps,
     that its largest row group stores with a dictionary: (that row group, {leaf path: leaf
-    column}). Their footer sizes undercount them; :func:`measure` measures them. At most
-    ``_SAMPLE_BYTES`` of their top-level columns, encoded: a remote read fetches all of a
-    column's leaves."""
+    column}). Their footer sizes undercount them; :func:`measure` measures them. Only those of
+    top-level ``columns`` (all by default) that Arrow reads as strings: a pandas categorical is
+    read as a dictionary, as small as its footer says. At most ``_SAMPLE_BYTES`` of their
+    top-level columns, uncompressed (what a read holds; a dictionary that fell back to plain
+    pages is as large as its footer says, and never worth reading)."""
     rg = _largest(md)
-    owners = leaf_owners(md)
+    arrow = md.schema.to_arrow_schema()
+    owners = leaf_owners(md, arrow)
     if rg is None or owners is None:
         return 0, {}
+    wanted = {f.name for f in arrow if has_bytes(f.type) and not _has_dictionary(f.type)
+              and (columns is None or f.name in columns)}
     paths = [rg.column(i).path_in_schema for i in range(rg.num_columns)]
     unique = {p for p, n in Counter(paths).items() if n == 1}  # not a top-level "a.b" beside a.b
-    encoded = Counter[str]()
+    held = Counter[str]()
     for i, owner in enumerate(owners):
-        encoded[owner] += rg.column(i).total_compressed_size
+        held[owner] += rg.column(i).total_uncompressed_size
     leaves: dict[str, int] = {}
     taken: set[str] = set()
     total = 0
     for i, path in enumerate(paths):
         chunk = rg.column(i)
-        if not (chunk.physical_type == "BYTE_ARRAY" and chunk.has_dictionary_page
-                and path in unique and md.schema.column(i).logical_type.type in _TEXT):
+        if not (owners[i] in wanted and chunk.physical_type == "BYTE_ARRAY"
+                and chunk.has_dictionary_page and path in unique
+                and md.schema.column(i).logical_type.type in _TEXT):
             continue
-        cost = 0 if owners[i] in taken else encoded[owners[i]]
+        cost = 0 if owners[i] in taken else held[owners[i]]
         if total + cost <= _SAMPLE_BYTES:
             leaves[path] = i
             taken.add(owners[i])
@@ -166,6 +174,11 @@ def _value_bytes(array: pa.Array) -> int:
     return int(pc.sum(lengths).as_py() or 0)
 
 
+def _has_dictionary(t: pa.DataType) -> bool:
+    return pa.types.is_dictionary(t) or any(_has_dictionary(t.field(i).type)
+                                            for i in range(t.num_fields))
+
+
 def has_bytes(t: pa.DataType) -> bool:
     """A string or binary type, or one that holds some in its lists, structs or maps."""
     if pa.types.is_dictionary(t):
@@ -188,12 +201,13 @@ def _largest(md: pq.FileMetaData) -> pq.RowGroupMetaData | None:
     return rg if rg.num_rows > 0 else None
 
 
-def leaf_owners(md: pq.FileMetaData) -> list[str] | None:
-    """The top-level column of each Parquet leaf column, in leaf order. From the Arrow schema,
-    not the leaf's dotted path: a column named ``emb.vec`` is not a field of ``emb``. ``None``
-    when the two schemas' leaves do not line up."""
+def leaf_owners(md: pq.FileMetaData, arrow: pa.Schema | None = None) -> list[str] | None:
+    """The top-level column of each Parquet leaf column, in leaf order. From the Arrow schema
+    (``arrow``: ``md``'s, if converted already), not the leaf's dotted path: a column named
+    ``emb.vec`` is not a field of ``emb``. ``None`` when the two schemas' leaves do not line
+    up."""
     owners: list[str] = []
-    for field in md.schema.to_arrow_schema():
+    for field in arrow if arrow is not None else md.schema.to_arrow_schema():
         owners += [field.name] * leaf_count(field.type)
     return owners if len(owners) == md.num_columns else None
 

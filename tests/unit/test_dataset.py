@@ -592,6 +592,62 @@ def test_a_top_level_column_named_like_a_nested_one_is_left_to_the_footer(
     assert ds._discovery.byte_size.sum() > 0
 
 
+def test_columns_read_as_dictionaries_are_not_sized_as_strings(tmp_path: Path) -> None:
+    """A pandas categorical, or a list of dictionary strings, is read as Arrow dictionaries,
+    as small as its footer says: sized as decoded strings it took 50-200x its memory (a budget
+    of 1 GiB was refused for 14 MB)."""
+    rng = np.random.default_rng(0)
+    names = [f"category-{i:02d}-" + "x" * 60 for i in range(50)]
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"id": np.arange(20_000), "cat": pd.Categorical(
+        [names[i] for i in rng.integers(0, 50, 20_000)])})
+    pqloader.write_dataset(frame, tmp_path / "pandas", rows_per_file=10_000)
+    tags = pa.array([[names[i % 50]] * 3 for i in range(20_000)],
+                    pa.list_(pa.dictionary(pa.int32(), pa.string())))
+    pq.write_table(pa.table({"tags": tags}), tmp_path / "lists.parquet")
+    for path, column in ((tmp_path / "pandas", "cat"), (tmp_path / "lists.parquet", "tags")):
+        ds = pqloader.ParquetDataset(path, columns=[column])
+        assert pa.types.is_dictionary(ds.columns[column]) or pa.types.is_dictionary(
+            ds.columns[column].value_type)
+        decoded = sum(pq.read_table(f, columns=[column]).nbytes for f in
+                      ([path] if path.is_file() else sorted(path.glob("*.parquet"))))
+        assert 0.25 < decoded / ds._discovery.byte_size.sum() < 4, column  # was 1/50-1/200
+
+
+def test_a_projected_string_column_is_measured_beside_large_unprojected_ones(
+        tmp_path: Path) -> None:
+    """Columns left out of ``columns=`` do not use up what opening may read to measure."""
+    rng = np.random.default_rng(0)
+    n = 1_000_000
+    tags = pa.ListArray.from_arrays(np.arange(0, 8 * n + 1, 8, dtype=np.int32),
+                                    pa.array([f"tag-{i:03d}" for i in range(128)]).take(
+                                        rng.integers(0, 128, 8 * n)))
+    cat = pa.array([f"category-{i:04d}-" + "x" * 30 for i in range(4096)]).take(
+        rng.integers(0, 4096, n))
+    pq.write_table(pa.table({"tags": tags, "cat": cat}), tmp_path / "a.parquet",
+                   row_group_size=n)
+    rg = pq.read_metadata(tmp_path / "a.parquet").row_group(0)
+    sizes = [rg.column(i).total_uncompressed_size for i in range(2)]
+    assert sizes[0] < 8 << 20 < sum(sizes)  # both together: more than opening may read
+    ds = pqloader.ParquetDataset(tmp_path, columns=["cat"])
+    assert 0.9 < _decoded(tmp_path, ["cat"]) / ds._discovery.byte_size.sum() < 1.1  # was 12x
+
+
+def test_a_dictionary_fallen_back_to_plain_pages_is_not_read_to_measure(tmp_path: Path) -> None:
+    """Distinct 4 KB values: the writer's dictionary fills and the rest is plain pages, 1 MB
+    compressed and 400 MB read; the footer's size is right, and reading it took 900 MiB."""
+    values = pa.array([f"{i:08d}" + "a" * 4088 for i in range(100_000)])
+    pq.write_table(pa.table({"s": pa.ListArray.from_arrays(
+        np.arange(0, 100_001, dtype=np.int32), values)}), tmp_path / "a.parquet",
+        compression="zstd")
+    code = (f"import pyarrow as pa, pqloader; d = pqloader.ParquetDataset({str(tmp_path)!r})"
+            "._discovery; print(int(d.byte_size.sum()), pa.default_memory_pool().max_memory())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert 0.9 < _decoded(tmp_path) / int(out[0]) < 1.1
+    assert int(out[1]) < 50 * 2**20, f"Arrow's pool peaked at {int(out[1]) / 2**20:.0f} MiB"
+
+
 def test_a_version_1_manifest_is_still_read(tmp_path: Path) -> None:
     pqloader.write_dataset(pa.table({"id": np.arange(100)}), tmp_path, rows_per_file=50)
     manifest = tmp_path / "_pqloader_manifest.json"
