@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -77,6 +78,8 @@ def test_a_column_name_written_twice_is_named(tmp_path: Path) -> None:
                            r"a\.parquet; .*rename them when writing"):
             pqloader.ParquetDataset(tmp_path, columns=columns)
     assert len(pqloader.ParquetDataset(tmp_path, columns=["id"])) == 2
+    kept = pqloader.ParquetDataset(tmp_path, columns=["id"], filter=pc.field("id") > 0)
+    assert [r["id"] for r in kept.__getitems__([0])] == [1]  # was a raw KeyError
 
 
 def test_a_name_written_twice_in_a_later_file_is_named(tmp_path: Path) -> None:
