@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ._errors import ColumnNotFoundError, DataError, InvalidArgumentError
+from ._schema import holds
 
 _MISSING = re.compile(r"No match for (FieldRef.*?) in ")  # pyarrow's message
 
@@ -125,11 +126,7 @@ def _nan_false(value: Any, schema: pa.Schema) -> bool:
 
 def has_floats(t: pa.DataType) -> bool:
     """A float type, or one holding floats in its lists, structs or dictionary."""
-    if pa.types.is_floating(t):
-        return True
-    if pa.types.is_dictionary(t):
-        return has_floats(t.value_type)
-    return any(has_floats(t.field(i).type) for i in range(t.num_fields))
+    return holds(t, pa.types.is_floating)
 
 
 def _expression(value: Any) -> pc.Expression:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import PurePath
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -74,12 +74,21 @@ def unviewed(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(_unview(f.type)) for f in schema], metadata=schema.metadata)
 
 
-def _has_view(t: pa.DataType) -> bool:
-    if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
+def holds(t: pa.DataType, test: Callable[[pa.DataType], bool]) -> bool:
+    """Whether ``t``, or a type in its lists, structs, maps or dictionary, passes ``test``."""
+    if test(t):
         return True
     if pa.types.is_dictionary(t):
-        return _has_view(t.value_type)
-    return any(_has_view(t.field(i).type) for i in range(t.num_fields))
+        return holds(t.value_type, test)
+    return any(holds(t.field(i).type, test) for i in range(t.num_fields))
+
+
+def _is_view(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string_view(t) or pa.types.is_binary_view(t))
+
+
+def _has_view(t: pa.DataType) -> bool:
+    return holds(t, _is_view)
 
 
 def _unview(t: pa.DataType) -> pa.DataType:

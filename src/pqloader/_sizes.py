@@ -26,6 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ._schema import holds
+
 RowBytes = dict[str, float]  # top-level column -> decoded bytes per row
 
 
@@ -175,15 +177,12 @@ def _value_bytes(array: pa.Array) -> int:
 
 
 def _has_dictionary(t: pa.DataType) -> bool:
-    return pa.types.is_dictionary(t) or any(_has_dictionary(t.field(i).type)
-                                            for i in range(t.num_fields))
+    return holds(t, pa.types.is_dictionary)
 
 
 def has_bytes(t: pa.DataType) -> bool:
     """A string or binary type, or one that holds some in its lists, structs or maps."""
-    if pa.types.is_dictionary(t):
-        return has_bytes(t.value_type)
-    return is_flat_bytes(t) or any(has_bytes(t.field(i).type) for i in range(t.num_fields))
+    return holds(t, is_flat_bytes)
 
 
 def is_flat_bytes(t: pa.DataType) -> bool:
