@@ -25,19 +25,19 @@ import pyarrow.parquet as pq
 from ._sizes import (
     RowBytes,
     Sample,
-    dictionary_strings,
     has_bytes,
-    is_flat_bytes,
     measure,
     row_bytes,
+    sample_plan,
 )
 
 NAME = "_pqloader_manifest.json"
 FORMAT = "pqloader.manifest"
 # 2 added each file's "row_bytes"; 3 measures dictionary-encoded strings in them (_measure.py);
-# 4 measures those nested in lists, structs and maps too. An older manifest is still read, unless
-# it has such columns that it did not measure (then the footers are).
-VERSION = 4
+# 4 measures those nested in lists, structs and maps too; 5 measures each where it has values (4
+# measured a column null in the first file as empty everywhere). An older manifest is still read,
+# unless it has such columns, which it may have measured wrong (then the footers are).
+VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -77,17 +77,16 @@ def write_manifest(root: Path, paths: list[str]) -> None:
 
 
 def _measured(paths: list[str], footers: list[pq.FileMetaData]) -> dict[str, Sample]:
-    """The dictionary-encoded strings of the first file that has any, measured in it, as
-    ``_measure.py`` does when a dataset opens without a manifest."""
-    for path, md in zip(paths, footers, strict=True):
-        rg, leaves = dictionary_strings(md)
-        if leaves:
-            try:
-                return measure(pq.ParquetFile(path, metadata=md, read_dictionary=list(leaves)),
-                               rg, leaves)
-            except (pa.ArrowException, TypeError):  # left to the footers' sizes, as on open
-                return {}
-    return {}
+    """The dictionary-encoded strings, measured as ``_measure.py`` does when a dataset opens
+    without a manifest."""
+    measured: dict[str, Sample] = {}
+    for f, rg, leaves in sample_plan(footers):
+        try:
+            handle = pq.ParquetFile(paths[f], metadata=footers[f], read_dictionary=list(leaves))
+            measured |= measure(handle, rg, leaves)
+        except (pa.ArrowException, TypeError):  # left to the footers' sizes, as on open
+            continue
+    return measured
 
 
 def read_manifest(root: Path, paths: list[Path]) -> Manifest | None:
@@ -121,7 +120,7 @@ def match_manifest(text: str, where: str, found: dict[str, int],
         body = json.loads(text)
         if not isinstance(body, dict):
             raise ValueError(f"a JSON {type(body).__name__}, not an object")
-        if body.get("format") != FORMAT or body.get("version") not in (1, 2, 3, VERSION):
+        if body.get("format") != FORMAT or body.get("version") not in (1, 2, 3, 4, VERSION):
             raise ValueError(f"format {body.get('format')!r} version {body.get('version')!r}")
         listed = {f["name"]: _checked(f) for f in body["files"]}
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema"])))
@@ -129,9 +128,8 @@ def match_manifest(text: str, where: str, found: dict[str, int],
         warnings.warn(f"{where}: unreadable manifest ({exc}); reading the footers instead",
                       stacklevel=4)
         return None
-    if (body["version"] < 3 and any(is_flat_bytes(f.type) for f in schema)) or (
-            body["version"] < 4 and any(has_bytes(f.type) for f in schema)):
-        return None  # its string sizes are the footers' (7-19x too small): read the footers
+    if body["version"] < VERSION and any(has_bytes(f.type) for f in schema):
+        return None  # its string sizes may be the footers' (7-24x too small): read the footers
     stale = sorted(set(found) ^ set(listed)) or [
         name for name in sorted(found) if found[name] != listed[name]["size"]]
     if stale:
