@@ -53,7 +53,9 @@ def partition_schema(entries: Sequence[FileEntry]) -> pa.Schema:
 
 
 def same_type(a: pa.DataType, b: pa.DataType) -> bool:
-    """Types equal up to the names of nested fields (Spark says 'element', pyarrow 'item')."""
+    """Types equal up to the names of list elements (Spark says 'element', pyarrow 'item') and
+    the nullability of nested fields (Spark's ``containsNull=false`` in one job's files only):
+    :func:`looser` makes one type of the two."""
     if a.equals(b):
         return True
     list_kinds = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
@@ -62,7 +64,38 @@ def same_type(a: pa.DataType, b: pa.DataType) -> bool:
             if pa.types.is_fixed_size_list(a) and a.list_size != b.list_size:
                 return False
             return same_type(a.value_type, b.value_type)
+    if pa.types.is_map(a) and pa.types.is_map(b):
+        return (a.keys_sorted == b.keys_sorted and same_type(a.key_type, b.key_type)
+                and same_type(a.item_type, b.item_type))
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        return [f.name for f in a] == [f.name for f in b] and all(
+            same_type(x.type, y.type) for x, y in zip(a, b, strict=True))
     return False
+
+
+def looser(a: pa.DataType, b: pa.DataType) -> pa.DataType:
+    """``a`` (:func:`same_type` as ``b``) with each nested field nullable where ``b``'s is: the
+    type both files' values fit (casting to ``a`` declared a list's elements not null while the
+    other file's held nulls)."""
+    if a.equals(b) or a.num_fields == 0 or a.num_fields != b.num_fields:
+        return a
+    fields = [_looser_field(a.field(i), b.field(i)) for i in range(a.num_fields)]
+    if pa.types.is_struct(a):
+        return pa.struct(fields)
+    if pa.types.is_map(a):
+        key, item = fields[0].type.field(0), fields[0].type.field(1)  # the entries struct
+        return pa.map_(key, item, a.keys_sorted)
+    if pa.types.is_fixed_size_list(a):
+        return pa.list_(fields[0], a.list_size)
+    if pa.types.is_large_list(a):
+        return pa.large_list(fields[0])
+    if pa.types.is_list(a):
+        return pa.list_(fields[0])
+    return a
+
+
+def _looser_field(a: pa.Field, b: pa.Field) -> pa.Field:
+    return a.with_type(looser(a.type, b.type)).with_nullable(a.nullable or b.nullable)
 
 
 def unviewed(schema: pa.Schema) -> pa.Schema:
@@ -136,7 +169,6 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | Non
                 f"column {name!r} is not in {first}; its columns are {base.names}"
             )
     fields = [base.field(n) for n in names]
-    nullable: dict[str, bool] = {}
     for path, schema in schemas[1:]:
         if columns is None:
             extra = sorted(set(schema.names) - set(names))
@@ -145,7 +177,7 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | Non
                     f"{path} has column {extra[0]!r} that {first} lacks; "
                     "pass columns=[...] to read the columns they share"
                 )
-        for field in fields:
+        for k, field in enumerate(fields):
             i = field_index(schema, field.name, path)
             if i < 0:
                 raise SchemaMismatchError(
@@ -158,8 +190,7 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | Non
                     f"column {field.name!r} is {field.type} in {first} but {other} in "
                     f"{path}; cast it when writing, or leave it out with columns=[...]"
                 )
-            if schema.field(i).nullable and not field.nullable:
-                nullable[field.name] = True
-    # a column "not null" in the first file but nullable in another is nullable: the other's
-    # nulls must not fail the cast to the dataset's schema
-    return pa.schema([f.with_nullable(True) if f.name in nullable else f for f in fields])
+            # a column (or a field in it) "not null" in the first file but nullable in another
+            # is nullable: the other's nulls must not fail, or hide in, the cast to the schema
+            fields[k] = _looser_field(field, schema.field(i))
+    return pa.schema(fields)

@@ -102,3 +102,49 @@ def test_null_advice_fits_the_type(tmp_path: Path, values: pa.Array, cast: bool)
     with pytest.raises(pqloader.DataError, match=r"column 'v' .*null values.*collate_fn=") as info:
         list(pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=2))
     assert ("cast the column to float" in str(info.value)) == cast, info.value
+
+
+def _strict_then_loose(tmp_path: Path) -> Path:
+    """Spark's containsNull=false and nullable=false in one job's files, nullable in the next's
+    (appended by another job, or pandas)."""
+    not_null = {"nullable": False}
+    strict = pa.schema([
+        pa.field("id", pa.int64()),
+        pa.field("v", pa.list_(pa.field("element", pa.int64(), **not_null))),
+        pa.field("s", pa.struct([pa.field("a", pa.int64(), **not_null)])),
+        pa.field("m", pa.map_(pa.string(), pa.field("value", pa.int64(), **not_null))),
+        pa.field("f", pa.list_(pa.field("element", pa.float32(), **not_null), 2)),
+    ])
+    pq.write_table(pa.table({"id": [0, 1], "v": [[1], [2, 3]], "s": [{"a": 1}, {"a": 2}],
+                             "m": [[("k", 1)], []], "f": [[1, 2], [3, 4]]}, schema=strict),
+                   tmp_path / "a.parquet")
+    loose = pa.schema([pa.field(f.name, f.type) for f in [
+        pa.field("id", pa.int64()), pa.field("v", pa.list_(pa.int64())),
+        pa.field("s", pa.struct([pa.field("a", pa.int64())])),
+        pa.field("m", pa.map_(pa.string(), pa.int64())),
+        pa.field("f", pa.list_(pa.float32(), 2))]])
+    pq.write_table(pa.table({"id": [2, 3], "v": [[None], None], "s": [{"a": None}, None],
+                             "m": [[("k", None)], None], "f": [[None, 5], None]}, schema=loose),
+                   tmp_path / "b.parquet")
+    return tmp_path
+
+
+def test_nested_fields_not_null_in_one_file_only_are_nullable(tmp_path: Path) -> None:
+    """A struct field not null in the first file only was refused ("struct<a: int64 not null>
+    in a.parquet but struct<a: int64>"); a list's elements were declared not null while the
+    next file's batches held nulls there (an Arrow array that lies about its nulls, handed to
+    collate_fn)."""
+    ds = pqloader.ParquetDataset(_strict_then_loose(tmp_path))
+    strict, loose = (pq.read_schema(tmp_path / f"{n}.parquet") for n in "ab")
+    assert not any(strict.field(n).type.equals(loose.field(n).type) for n in "vsmf")
+    for name in "vsmf":  # the nullable type, whatever the names of list elements
+        assert ds.columns[name] == loose.field(name).type, name
+    (batch,) = pqloader.DataLoader(ds, batch_size=4, collate_fn=lambda t: t)
+    assert batch.schema.field("v").type.value_field.nullable
+    assert batch.column("v").to_pylist() == [[1], [2, 3], [None], None]
+    assert batch.column("s").to_pylist() == [{"a": 1}, {"a": 2}, {"a": None}, None]
+    assert batch.column("m").to_pylist() == [[("k", 1)], [], [("k", None)], None]
+    assert ds[3]["s"] is None and ds[2]["s"] == {"a": None}
+    fixed = pqloader.ParquetDataset(tmp_path, columns=["f"])
+    f = next(iter(pqloader.DataLoader(fixed, batch_size=4)))["f"]
+    assert f.shape == (4, 2) and math.isnan(f[2, 0]) and bool(torch.isnan(f[3]).all())
