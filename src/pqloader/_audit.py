@@ -57,14 +57,16 @@ class AuditLog:
     """One process's append-only record of delivered batches."""
 
     def __init__(self, directory: str | os.PathLike[str], *, rank: int, world_size: int,
-                 num_workers: int, dataset: Mapping[str, Any]) -> None:
+                 num_workers: int, dataset: Mapping[str, Any], batch_size: int,
+                 drop_last: bool) -> None:
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
         self.path = root / f"rank{rank:05d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         self._write({"format": HEADER, "version": 1, "rank": rank, "world_size": world_size,
-                     "num_workers": num_workers, "dataset": dict(dataset)})
+                     "num_workers": num_workers, "dataset": dict(dataset),
+                     "batch_size": batch_size, "drop_last": drop_last})
 
     def _write(self, record: Mapping[str, Any]) -> None:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
@@ -89,6 +91,7 @@ class EpochReport:
     duplicates: int = 0  # rows delivered more than once
     missing: int = 0  # rows never delivered
     padding: int = 0  # rows delivered twice to even the ranks' batches (not duplicates)
+    dropped: int = 0  # rows drop_last left out (not missing)
     duplicate_examples: list[dict[str, Any]] = field(default_factory=list)
     batches_per_rank: dict[int, int] = field(default_factory=dict)
     batches_per_worker: dict[str, int] = field(default_factory=dict)  # "rank/worker"
@@ -124,9 +127,24 @@ def _read_records(path: Path) -> list[dict[str, Any]] | None:
     return records
 
 
+def _left_out(num_rows: int, head: Mapping[str, Any]) -> int | None:
+    """Rows an epoch of the run that wrote ``head`` leaves out by ``drop_last`` (``None``: a
+    record of before this was written down)."""
+    if "drop_last" not in head:
+        return None
+    if not head["drop_last"]:
+        return 0
+    world_size, batch_size = int(head["world_size"]), int(head["batch_size"])
+    return num_rows - world_size * (num_rows // world_size // batch_size * batch_size)
+
+
 def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[EpochReport]:
-    """Check, per epoch, that the recorded deliveries cover every row exactly once (the
-    padding that evens the ranks, at most ``world_size - 1`` rows twice, counted apart)."""
+    """Check, per epoch, that the recorded deliveries cover every row exactly once.
+
+    Counted apart, as the loader documents them: the padding that evens the ranks (at most
+    ``world_size - 1`` rows twice, without ``drop_last``), and the rows ``drop_last`` leaves out
+    (as many as every record file's settings leave out, none delivered twice).
+    """
     files = sorted(Path(directory).glob("rank*.jsonl"))
     if not files:
         raise InvalidArgumentError(f"{directory}: no audit records (rank*.jsonl) found")
@@ -137,6 +155,7 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
     where: dict[int, list[tuple[str, int, int, np.ndarray]]] = defaultdict(list)
     reports: dict[int, EpochReport] = {}
     world_size = 1
+    left_out: dict[int, set[int | None]] = defaultdict(set)  # per epoch, per record file
     for path in files:
         lines = _read_records(path)
         if lines is None:
@@ -153,6 +172,7 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
                 f"({head['dataset']} against {dataset}); audit each run's folder alone")
         for rec in lines[1:]:
             epoch = int(rec["epoch"])
+            left_out[epoch].add(_left_out(num_rows, head))
             rows = decode_rows(rec["rows"])
             count = counts.setdefault(epoch, np.zeros(num_rows, dtype=np.int32))
             np.add.at(count, rows, 1)
@@ -172,6 +192,10 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
             # without drop_last, the ranks yield equal batches: at most world_size - 1 rows
             # come twice when the rows do not divide evenly, and none is missing then
             report.padding, report.duplicates = report.duplicates, 0
+        (dropped,) = left_out[epoch] if len(left_out[epoch]) == 1 else (None,)
+        if dropped and report.missing == dropped and not report.duplicates:
+            # resumed with other settings (or records of before): which is unknown, so missing
+            report.dropped, report.missing = report.missing, 0
         if report.duplicates:
             dup = count > 1
             for name, rank, batch, rows in where[epoch]:

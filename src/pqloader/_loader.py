@@ -289,7 +289,8 @@ class DataLoader:
             self._audit = AuditLog(self._audit_dir, rank=c.world.rank,
                                    world_size=c.world.world_size,
                                    num_workers=self._plan_workers,
-                                   dataset=self._planner.fingerprint)
+                                   dataset=self._planner.fingerprint,
+                                   batch_size=c.batch_size, drop_last=c.drop_last)
         for k, batch in enumerate(batches, start + 1):
             if self._audit is not None:
                 batch, rows = batch

@@ -65,6 +65,35 @@ def test_the_padding_that_evens_ranks_is_no_duplicate(make_dataset: Any, tmp_pat
     assert "1 twice: the padding that evens the ranks" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_rows_drop_last_leaves_out_are_not_missing(make_dataset: Any, tmp_path: Path,
+                                                   world_size: int,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """1,001 rows in batches of 32 with drop_last leave out 25 rows (one rank) or 41 (three
+    ranks of 10 batches), as asked: the audit called them missing and failed (exit 1)."""
+    ds = pqloader.ParquetDataset(make_dataset(1001))
+    for rank in range(world_size):
+        list(pqloader.DataLoader(ds, batch_size=32, shuffle=True, rank=rank,
+                                 world_size=world_size, drop_last=True, audit_dir=tmp_path))
+    (report,) = pqloader.audit(tmp_path)
+    dropped = 1001 - world_size * (1001 // world_size // 32 * 32)
+    assert (report.dropped, report.missing, report.duplicates) == (dropped, 0, 0)
+    assert report.exactly_once and report.delivered == 1001 - dropped
+    assert main(["audit", str(tmp_path)]) == 0
+    assert f"{dropped} left out by drop_last" in capsys.readouterr().out
+
+
+def test_a_rank_missing_beside_drop_last_is_still_missing(make_dataset: Any,
+                                                          tmp_path: Path) -> None:
+    ds = pqloader.ParquetDataset(make_dataset(1001))
+    for rank in (0, 1):  # rank 2 never ran
+        list(pqloader.DataLoader(ds, batch_size=32, shuffle=True, rank=rank, world_size=3,
+                                 drop_last=True, audit_dir=tmp_path))
+    (report,) = pqloader.audit(tmp_path)
+    assert report.missing == 1001 - 640 and report.dropped == 0 and not report.exactly_once
+    assert main(["audit", str(tmp_path)]) == 1
+
+
 def test_a_real_duplicate_beside_padding_room_is_still_one(make_dataset: Any,
                                                             tmp_path: Path) -> None:
     """One rank's records twice (a rank restarted from scratch): more than padding explains."""
