@@ -3,6 +3,9 @@
 Shuffled across files, exactly once per epoch over ranks and workers, in bounded memory.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._audit import EpochReport, audit
 from ._cache import Cache
 from ._dataset import ParquetDataset
@@ -19,10 +22,16 @@ from ._errors import (
     SchemaMismatchError,
     StateMismatchError,
 )
-from ._loader import DataLoader
 from ._retry import RetryPolicy
-from ._torch import TorchIterable
 from ._write import write_dataset
+
+if TYPE_CHECKING:
+    from ._loader import DataLoader
+    from ._torch import TorchIterable
+
+# Imported when first used: they import torch (1-2 s), which opening, inspecting, writing and
+# caching datasets (the CLI, a Spark job's writer) do without.
+_IMPORTED_WHEN_USED = {"DataLoader": "._loader", "TorchIterable": "._torch"}
 
 __version__ = "0.1.0"
 
@@ -48,3 +57,15 @@ __all__ = [
     "audit",
     "write_dataset",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _IMPORTED_WHEN_USED:
+        value = getattr(importlib.import_module(_IMPORTED_WHEN_USED[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -501,6 +501,24 @@ def test_python_dash_m_runs_in_a_subprocess(make_dataset) -> None:
     assert missing.stderr.startswith("pqloader: ") and "nope" in missing.stderr
 
 
+def test_opening_inspecting_and_writing_do_not_import_torch(tmp_path: Path) -> None:
+    """torch takes 1-2 s to import: `pqloader inspect` took 1.9 s for a 2-file dataset, and
+    a Spark job writing with pqloader paid it too. 0.6 s now."""
+    code = f"""
+import sys, pyarrow as pa, pqloader
+from pqloader._cli import main
+pqloader.write_dataset(pa.table({{"x": list(range(10)), "s": ["a"] * 10}}), {str(tmp_path)!r})
+ds = pqloader.ParquetDataset({str(tmp_path)!r}, filter=[("x", ">", 2)])
+assert ds[0]["x"] == 3 and len(ds.__getitems__([0, 1])) == 2 and len(ds) == 7
+assert main(["inspect", {str(tmp_path)!r}]) == 0
+assert "torch" not in sys.modules, "torch was imported"
+assert pqloader.DataLoader and "torch" in sys.modules  # when a loader is wanted
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+
+
 def test_bench_measures_an_epoch(make_dataset, capsys) -> None:
     path = make_dataset(1000)
     code, out, _ = run(capsys, "bench", path, "--batch-size", "100", "--json", "--no-progress")
