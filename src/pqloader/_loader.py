@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.utils.data
 
+from ._agree import Agreement
 from ._audit import AuditLog
 from ._autotune import ThreadTuner, TunerReport
 from ._config import LoaderConfig, WorkerConfig, WorkerType, resolve_num_workers
@@ -152,6 +153,7 @@ class DataLoader:
                                 streams=max(1, streams), timeout_s=timeout)
         self._audit_dir = audit_dir
         self._audit: AuditLog | None = None
+        self._agreement = Agreement(self.config.world)
         self._epoch = 0
         self._batches = 0  # batches of self._epoch yielded so far (what state_dict saves)
         self._passes = 0  # iterations begun: only the latest one moves the cursor
@@ -264,6 +266,7 @@ class DataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         check_world(self.config.world, "DataLoader")
+        self._agreement.begin(self._planner.agreed())
         if self._resume is None:  # not the pass a restored state resumes: a whole epoch
             self._forget_origin()
         epoch, start = self._epoch, self._resume or 0
@@ -292,12 +295,14 @@ class DataLoader:
                                    dataset=self._planner.fingerprint,
                                    batch_size=c.batch_size, drop_last=c.drop_last)
         for k, batch in enumerate(batches, start + 1):
+            self._agreement.poll()
             if self._audit is not None:
                 batch, rows = batch
                 self._audit.record(epoch, k - 1, rows)
             if self._passes == this_pass and self._epoch == epoch:
                 self._batches = k  # counted before the caller has it: a state now excludes it
             yield batch
+        self._agreement.poll(now=True)
 
     # -- delivery ---------------------------------------------------------------------------
     def _iter_threads(self, plan: RankPlan, epoch: int, start: int) -> Iterator[Any]:

@@ -136,6 +136,13 @@ class Planner:
                 "drop_last": c.drop_last, "shuffle_window_rows": self.window_rows,
                 "world_size": c.world.world_size, "num_workers": max(1, num_workers)}
 
+    def agreed(self) -> dict[str, Any]:
+        """What every rank must agree on for its share of each epoch (``_agree.py``)."""
+        c = self.config
+        return {"dataset": self.fingerprint, "batch_size": c.batch_size,
+                "drop_last": c.drop_last, "shuffle": c.shuffle,
+                "seed": c.seed if c.shuffle else None}
+
     def plan(self, epoch: int, num_workers: int) -> RankPlan:
         """This rank's plan of ``epoch`` with ``num_workers`` workers."""
         c = self.config

@@ -1,0 +1,124 @@
+"""Ranks that plan differently are told so, in a real gloo group: a rank given other files, its
+own seed or LOCAL_RANK repeated and lost rows silently (or yielded unequal batch counts: DDP
+hangs at the epoch's end)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing
+
+import pqloader
+
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(rank: int, port: int, case: str, source: str, out: str) -> None:
+    if case == "seed per rank, check off":
+        os.environ["PQLOADER_CHECK_RANKS"] = "0"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD)
+    files = sorted(str(f) for f in Path(source).glob("*.parquet"))
+    kw: dict[str, Any] = {"batch_size": 16, "shuffle": True, "seed": 7, "num_workers": 0}
+    if case == "another file" and rank == 1:
+        files = files[:-1]  # listed while the writer was still adding the last
+    elif case == "another order" and rank == 1:
+        files = files[::-1]  # a list built from a set
+    elif case.startswith("seed per rank"):
+        kw["seed"] = 7 + rank
+    elif case == "another batch size" and rank == 1:
+        kw["batch_size"] = 32
+    elif case == "LOCAL_RANK" and rank == 1:
+        kw.update(rank=0, world_size=WORLD)  # a second node's first process
+    if case == "a stale rank 0 from an earlier run" and rank == 0:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        stale = {"time": time.time() - 3600, "token": "old", "terms": {"seed": 1}}
+        _get_default_store().set(f"pqloader/agree/{WORLD}//0", json.dumps(stale))
+    dist.barrier()
+    rows, told = 0, ""
+    try:
+        if case == "agree, rank 0 peeks and reads alone" and rank == 0:
+            alone = pqloader.DataLoader(pqloader.ParquetDataset(files), rank=0, world_size=1,
+                                        **kw)
+            rows += sum(len(b["id"]) for b in alone)  # no check: not over the group's ranks
+        loader = pqloader.DataLoader(pqloader.ParquetDataset(files), **kw)
+        pickle.dumps(loader)  # a loader under a group stays picklable
+        if case.startswith("agree") and rank == 0:
+            next(iter(loader))  # a look at one batch before training
+        if case == "a stale rank 0 from an earlier run" and rank == 0:
+            time.sleep(1)  # rank 1 sees only the stale value for a while
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                rows += len(batch["id"])
+                time.sleep(0.005)  # a training step
+    except pqloader.InvalidArgumentError as exc:
+        told = str(exc)
+    Path(f"{out}.{rank}").write_text(json.dumps({"rows": rows, "told": told}))
+    dist.barrier()  # rank 0 holds the store: a rank told first must not take it away
+    dist.destroy_process_group()
+
+
+def _run(case: str, source: Path, out: Path) -> list[dict[str, Any]]:
+    context = torch.multiprocessing.spawn(_rank, args=(_free_port(), case, str(source),
+                                                       str(out)),
+                                          nprocs=WORLD, join=False)
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.kill()
+            pytest.fail(f"{case}: the ranks hung")
+    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize(("case", "differs"), [
+    ("another file", "rank 1 has 3 files of 750 rows, rank 0 4 files of 1,000 rows"),
+    ("another order", "with digest"),
+    ("seed per rank", "rank 1 has seed=8, rank 0 seed=7"),
+    ("another batch size", "rank 1 has batch_size=32, rank 0 batch_size=16")])
+def test_ranks_that_plan_differently_are_told(make_dataset: Any, tmp_path: Path, case: str,
+                                               differs: str) -> None:
+    source = make_dataset(1000, rows_per_file=250, row_group_size=50)
+    first, second = _run(case, source, tmp_path / "out")
+    assert "rank 1 plans differently from rank 0" in second["told"], second
+    assert differs in second["told"]
+    assert "1 of the other 1 ranks plan differently from rank 0" in first["told"], first
+    assert differs in first["told"]  # what rank 1 was told
+    assert first["rows"] < 3 * 500 and second["rows"] < 3 * 500  # within the first epoch
+
+
+def test_a_rank_given_local_rank_is_told(make_dataset: Any, tmp_path: Path) -> None:
+    source = make_dataset(1000, rows_per_file=250, row_group_size=50)
+    first, second = _run("LOCAL_RANK", source, tmp_path / "out")
+    assert "rank 1 of the process group but its loader was given rank=0" in second["told"]
+    assert second["rows"] == 0 and first["told"] == ""
+
+
+@pytest.mark.parametrize("case", ["agree, rank 0 peeks and reads alone",
+                                  "a stale rank 0 from an earlier run",
+                                  "seed per rank, check off"])
+def test_ranks_that_agree_or_turn_the_check_off_are_not_told(make_dataset: Any, tmp_path: Path,
+                                                             case: str) -> None:
+    """Rank 0 reads a loader of its own (rank=0, world_size=1) and peeks at a batch; or a value
+    rank 0 left in the store before a restart (torchrun keeps its store) must be waited past."""
+    source = make_dataset(1000, rows_per_file=250, row_group_size=50)
+    results = _run(case, source, tmp_path / "out")
+    assert [r["told"] for r in results] == ["", ""]
+    alone = 1000 if case.startswith("agree") else 0
+    assert [r["rows"] for r in results] == [alone + 3 * 500, 3 * 500]
