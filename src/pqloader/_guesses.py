@@ -8,6 +8,7 @@ Each check returns what is wrong, naming the file, column and row and the fix, o
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -16,6 +17,7 @@ import pyarrow.compute as pc
 
 _EXACT = 2**53  # float64 holds every integer below this, and only some above
 _ID_RANGE = 2**64  # past 2**53 and up to here: 64-bit ids and hashes, the values at risk
+_DECIMAL = re.compile(r"decimal(?:128)?\(\s*(\d+)\s*,\s*(\d+)\s*\)")
 
 
 def column_type(text: str) -> tuple[str, pa.DataType]:
@@ -29,13 +31,15 @@ def column_type(text: str) -> tuple[str, pa.DataType]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(
             f"{text!r}: {exc}; TYPE is a pyarrow type name such as int64, uint64, float64, "
-            "string, bool, date32 or timestamp[ms], or list<TYPE>") from None
+            "string, bool, date32 or timestamp[ms], decimal128(P,S), or list<TYPE>") from None
 
 
 def _type(alias: str) -> pa.DataType:
     for prefix, make in (("list<", pa.list_), ("large_list<", pa.large_list)):
         if alias.startswith(prefix) and alias.endswith(">"):
             return make(_type(alias[len(prefix):-1].strip()))
+    if decimal := _DECIMAL.fullmatch(alias):  # pyarrow has no alias for them
+        return pa.decimal128(int(decimal[1]), int(decimal[2]))
     return pa.type_for_alias(alias)
 
 
@@ -100,9 +104,13 @@ def rounding_problem(batch: pa.RecordBatch, typed: dict[str, pa.DataType], first
                                 "or objects; write this file with pqloader.write_dataset and "
                                 "a pyarrow schema")
             text = ", or string" if fmt == "csv" else ""  # a JSON number cannot be a string
+            if float(values[bad][0]) < 0:  # uint64 cannot hold it; int64 from -2**63
+                return found + (f"if the column holds integers, pass --column-type {name}="
+                                f"int64 (or decimal128(38,0) past -2**63{text}); if it holds "
+                                f"real numbers, --column-type {name}=float64")
             return found + (f"if the column holds integers (ids, hashes), pass --column-type "
-                            f"{name}=uint64 (or int64{text}); if it holds real numbers, "
-                            f"--column-type {name}=float64")
+                            f"{name}=uint64 (or int64{text}; decimal128(38,0) past 2**64); if "
+                            f"it holds real numbers, --column-type {name}=float64")
     return None
 
 

@@ -314,6 +314,24 @@ def test_write_refuses_integers_a_guessed_float_rounds(tmp_path, capsys, name, t
     assert not dst.exists()
 
 
+@pytest.mark.parametrize("name,text", [
+    ("ids.jsonl", '{"id": 1}\n{"id": -9223372036854775809}\n{"id": 18446744073709551616}\n'),
+    ("ids.csv", "id\n1\n-9223372036854775809\n18446744073709551616\n"),
+])
+def test_write_keeps_integers_past_64_bits_as_decimals(tmp_path, capsys, name, text) -> None:
+    """A JSON integer below -2**63 or from 2**64 had no type to keep it: the advice named
+    uint64 (negative) or int64 (too small). decimal128(38,0) keeps every digit."""
+    src = tmp_path / name
+    src.write_text(text)
+    code, _, err = run(capsys, "write", src, tmp_path / "no", "--no-progress")
+    assert code == 1 and "--column-type id=int64 (or decimal128(38,0) past -2**63" in err
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress",
+                       "--column-type", "id=decimal128(38,0)")
+    assert code == 0, err
+    assert [int(v) for v in pq.read_table(tmp_path / "out")["id"].to_pylist()] == [
+        1, -9223372036854775809, 18446744073709551616]
+
+
 def test_write_takes_large_real_numbers_for_real_numbers(tmp_path, capsys) -> None:
     src = tmp_path / "mass.csv"
     src.write_text("mass\n1.989e30\n5.97e24\n9.1e-31\n1.5e300\n")
