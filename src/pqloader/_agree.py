@@ -8,19 +8,25 @@ while a writer was still adding to it, a list built from a set, ``seed=base + ra
 batch counts (DDP then hangs at the epoch's end).
 
 When a loader over the process group's ranks first iterates, rank 0 publishes what fixes its
-plan in the group's store, with a fresh token; every other rank, while it delivers, looks (at
-most every ``POLL_S``, without waiting) whether rank 0 has, and once it has, compares, once: a
-rank that differs raises and counts itself under rank 0's token, which rank 0 looks at in turn
-and raises too. One key per rank and loader: no rank reads all ranks' keys (thousands of ranks
-would overload the store). A collective could hang (a loader only some ranks iterate) or
-interleave with the training's own collectives.
+plan in the group's store, with a fresh token; every other rank, while it delivers, looks
+(without waiting; every ``POLL_S`` at first, less often while nothing changes, and at each pass
+end) whether rank 0 has, and once it has, compares, once per loader: a rank that differs raises
+and counts itself under rank 0's token, which rank 0 looks at in turn and raises too. One key
+per rank and loader: no rank reads all ranks' keys (thousands of ranks would overload the
+store). A collective could hang (a loader only some ranks iterate) or interleave with the
+training's own collectives.
 
-Loaders are matched across ranks by the order they were built in (those over the group's world
-size). Keys outlive a torchrun restart (its store does): a value rank 0 published before this
-process started is from an earlier run, and waited past. ``PQLOADER_CHECK_RANKS=0`` turns the
-check off. Not checked: the epoch and the cursor (a rank may peek at a batch before training),
-and ``ds.to_torch()`` (its workers are processes torch forks). If the process that holds the
-store (rank 0's, under ``init_method="tcp://"``) is stopped, a look waits as a collective would.
+Loaders are matched across ranks by where they were built (the caller's file and line) and, for
+one place, by the order they were built in there. Keys outlive a torchrun restart (its store
+does): the key holds the restart count, and a value rank 0 published before this process started
+(``STALE_S`` of clock skew between nodes allowed) is from an earlier run, and waited past.
+``PQLOADER_CHECK_RANKS=0`` turns the check off.
+
+Not told: ranks whose only pass ends before rank 0 publishes; rank 0 if its last pass ends before
+the others compare (each rank that differs is told); the epoch and the cursor (a rank may peek at
+a batch before training); ``ds.to_torch()`` (its workers are processes torch forks). If the
+process that holds the store (rank 0's, under ``init_method="tcp://"``) is stopped, a look waits
+as a collective would.
 """
 
 from __future__ import annotations
@@ -29,46 +35,53 @@ import functools
 import itertools
 import json
 import os
+import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ._errors import InvalidArgumentError
 from ._world import World
 
-POLL_S = 0.2  # a look costs a round trip to rank 0's store (~0.07 ms)
-_LOADERS = itertools.count()  # loaders over the group's ranks built in this process
+POLL_S = 0.2  # the first looks' interval; a look is a round trip to the store (~0.07 ms)
+MAX_POLL_S = 5.0  # while nothing changes, the interval doubles up to this
+STALE_S = 30.0  # clock skew allowed between nodes when telling this run's values from older
+_BUILT: defaultdict[str, Iterator[int]] = defaultdict(itertools.count)  # per place built
 _OFF = "PQLOADER_CHECK_RANKS=0 turns this check off"
 _LOADED = time.time()
 
 
 class Agreement:
-    """One loader's check that every rank plans as rank 0 does (see the module docstring)."""
+    """One loader's check that every rank plans as rank 0 does (see the module docstring).
+    ``where``: the place the loader was built (its caller's file and line)."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, where: str) -> None:
         self._world = world
-        self._key = ""  # none: not checked
+        self._where = where
+        self._key = ""  # none: not checked, or checked already
         self._told: str | None = None  # what a rank was told: told again at each pass
         self._polling = False
         self._next = 0.0
+        self._interval = POLL_S
         self._watch = ""  # rank 0: where the other ranks count themselves
         self._terms: dict[str, Any] = {}
         group = _group()
         if group is None or group[1] != world.world_size or world.world_size < 2:
             return
-        index = next(_LOADERS)
+        index = next(_BUILT[where])
         if group[0] != world.rank:  # rank=LOCAL_RANK: every node's first process is rank 0
             self._told = (
-                f"this process is rank {group[0]} of the process group but its loader was "
-                f"given rank={world.rank} (of world_size={world.world_size}, the group's size), "
-                f"so two processes would read rank {world.rank}'s rows and none rank "
-                f"{group[0]}'s: pass rank=torch.distributed.get_rank() (the global rank, not "
-                "LOCAL_RANK), or no rank= and world_size= to take them from the group. If the "
-                f"ranks are numbered apart on purpose, {_OFF}")
+                f"this process is rank {group[0]} of the process group but its loader (built "
+                f"at {where}) was given rank={world.rank} of world_size={world.world_size}, "
+                f"the group's size, so two processes would read rank {world.rank}'s rows and "
+                f"none rank {group[0]}'s: pass rank=torch.distributed.get_rank() (the global "
+                "rank, not LOCAL_RANK), or no rank= and world_size= to take them from the "
+                f"group. If the ranks are numbered apart on purpose, {_OFF}")
             return
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
-        self._key = f"pqloader/agree/{world.world_size}/{restart}/{index}"
+        self._key = f"pqloader/agree/{world.world_size}/{restart}/{where}/{index}"
 
     def begin(self, terms: Mapping[str, Any]) -> None:
         """This rank plans from ``terms`` (JSON types; the same at every pass). Rank 0
@@ -84,23 +97,29 @@ class Agreement:
             try:
                 _store().set(self._key, json.dumps(value))
             except Exception:  # private API, a group destroyed, a store gone: never stop
-                return  # training for the check
+                self._key = ""  # training for the check
+                return
             self._watch = f"{self._key}/{token}"
         self._polling, self._next = True, 0.0
 
     def poll(self, *, now: bool = False) -> None:
-        """Compare with rank 0, or (rank 0) look whether a rank differed: raises if so. At most
-        every ``POLL_S``, unless ``now`` (a pass's end)."""
+        """Compare with rank 0, or (rank 0) look whether a rank differed: raises if so. Not
+        before the next look is due, unless ``now`` (a pass's end)."""
         if not self._polling or ((t := time.monotonic()) < self._next and not now):
             return
-        self._next = t + POLL_S
+        self._interval = min(MAX_POLL_S, self._interval * 2) if self._next else POLL_S
+        self._next = t + self._interval
         try:
             told = self._look() if self._world.rank == 0 else self._compare()
         except Exception:  # as in begin
-            self._polling, told = False, None
+            told = None
+            self._polling, self._key = False, ""
         if told is not None:
             self._told, self._polling = told, False
             raise InvalidArgumentError(told)
+
+    def _done(self) -> None:
+        self._polling, self._key = False, ""  # once per loader
 
     def _compare(self) -> str | None:
         """A rank but 0: compare with rank 0's terms once they are published."""
@@ -108,14 +127,17 @@ class Agreement:
         if not store.check([self._key]):
             return None
         value = json.loads(store.get(self._key))
-        if value["time"] < _started():
+        if value["time"] < _started() - STALE_S:
             return None  # rank 0 of an earlier run, before a restart: this run's is to come
-        self._polling = False  # compared: done
-        told = compare(self._terms, value["terms"], self._world.rank)
         watch = f"{self._key}/{value['token']}"
-        if told is not None:
-            store.set(f"{watch}/told", told)
-        store.add(f"{watch}/{'differ' if told else 'agree'}", 1)
+        self._done()
+        told = compare(self._terms, value["terms"], self._world.rank, self._where)
+        try:
+            if told is not None:
+                store.set(f"{watch}/told", told)
+            store.add(f"{watch}/{'differ' if told else 'agree'}", 1)
+        except Exception:  # rank 0 not told: this rank still is
+            pass
         return told
 
     def _look(self) -> str | None:
@@ -124,33 +146,43 @@ class Agreement:
         differ, agree = (store.add(f"{self._watch}/{k}", 0) for k in ("differ", "agree"))
         if differ:
             told = store.get(f"{self._watch}/told").decode()
-            return (f"{differ} of the other {self._world.world_size - 1} ranks plan "
-                    f"differently from rank 0; one was told: {told}")
+            return (f"{'a rank' if differ == 1 else f'{differ} ranks'} (so far) plan"
+                    f"{'s' if differ == 1 else ''} differently from rank 0; one was told: "
+                    f"{told}")
         if agree >= self._world.world_size - 1:
-            self._polling = False
+            self._done()
         return None
 
 
-def compare(mine: Mapping[str, Any], first: Mapping[str, Any], rank: int) -> str | None:
+def compare(mine: Mapping[str, Any], first: Mapping[str, Any], rank: int,
+            where: str = "") -> str | None:
     """What to tell rank ``rank``, whose terms are ``mine``, if they differ from rank 0's
-    (``first``); ``None`` if they agree."""
+    (``first``) for the loader built at ``where``; ``None`` if they agree."""
     for name, value in mine.items():
         if first.get(name) != value:
-            counts = "" if name in ("seed", "shuffle") else (
-                ", or the ranks' batch counts differ (DDP hangs at the epoch's end)")
-            return (f"rank {rank} plans differently from rank 0, so rows would repeat or go "
-                    f"missing{counts}: rank {rank} has {_show(name, value, first.get(name))}, "
-                    f"rank 0 {_show(name, first.get(name), value)}. "
+            built = f" built at {where}" if where else ""
+            return (f"rank {rank} plans the loader{built} differently from rank 0, so "
+                    f"{_HARM.get(name, _HARM['dataset'])}: rank {rank} has "
+                    f"{_show(name, value, first.get(name))}, rank 0 "
+                    f"{_show(name, first.get(name), value)}. "
                     + _ADVICE.get(name, f"Pass the same {name}= on every rank.")
-                    + " (Loaders are matched across ranks by the order they were built in: "
-                    f"build them in one order on every rank. {_OFF}.)")
+                    + " (Unless rank 0's is another loader: loaders are matched by where they "
+                    "were built and, at one place, by the order they were built in there; "
+                    f"build them alike on every rank. {_OFF}.)")
     return None
 
 
+_HARM = {
+    "dataset": "rows would repeat or go missing, or the ranks' batch counts differ (DDP hangs "
+               "at the epoch's end)",
+    "seed": "rows would repeat or go missing",
+    "shuffle": "rows would repeat or go missing",
+    "batch_size": "the ranks' batch counts differ (DDP hangs at the epoch's end)",
+}
 _ADVICE = {
     "dataset": "Open the same files in the same order on every rank: list them once the writer "
                "is done, or pass every rank the same list and filter.",
-    "seed": "Pass the same seed= on every rank: the random numbers transforms get already "
+    "seed": "Pass the same seed= on every rank: the random numbers that transforms get already "
             "differ by rank.",
 }
 
@@ -181,6 +213,13 @@ def _group() -> tuple[int, int] | None:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     return dist.get_rank(), dist.get_world_size()
+
+
+def built_at(depth: int) -> str:
+    """The file (its name) and line ``depth`` frames up the caller's stack: where a loader was
+    built, the same on every rank (every rank runs the same script, from any folder)."""
+    frame = sys._getframe(depth + 1)
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 @functools.cache

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.utils.data
 
-from ._agree import Agreement
+from ._agree import Agreement, built_at
 from ._audit import AuditLog
 from ._autotune import ThreadTuner, TunerReport
 from ._config import LoaderConfig, WorkerConfig, WorkerType, resolve_num_workers
@@ -153,7 +153,7 @@ class DataLoader:
                                 streams=max(1, streams), timeout_s=timeout)
         self._audit_dir = audit_dir
         self._audit: AuditLog | None = None
-        self._agreement = Agreement(self.config.world)
+        self._agreement = Agreement(self.config.world, built_at(1))
         self._epoch = 0
         self._batches = 0  # batches of self._epoch yielded so far (what state_dict saves)
         self._passes = 0  # iterations begun: only the latest one moves the cursor

@@ -27,6 +27,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _train_loader(files: list[str], kw: dict[str, Any]) -> pqloader.DataLoader:
+    return pqloader.DataLoader(pqloader.ParquetDataset(files), **kw)
+
+
+TRAIN_BUILT_AT = f"{Path(__file__).name}:{_train_loader.__code__.co_firstlineno + 1}"
+
+
 def _rank(rank: int, port: int, case: str, source: str, out: str) -> None:
     if case == "seed per rank, check off":
         os.environ["PQLOADER_CHECK_RANKS"] = "0"
@@ -48,7 +55,8 @@ def _rank(rank: int, port: int, case: str, source: str, out: str) -> None:
         from torch.distributed.distributed_c10d import _get_default_store
 
         stale = {"time": time.time() - 3600, "token": "old", "terms": {"seed": 1}}
-        _get_default_store().set(f"pqloader/agree/{WORLD}//0", json.dumps(stale))
+        _get_default_store().set(f"pqloader/agree/{WORLD}//{TRAIN_BUILT_AT}/0",
+                                 json.dumps(stale))
     dist.barrier()
     rows, told = 0, ""
     try:
@@ -56,7 +64,10 @@ def _rank(rank: int, port: int, case: str, source: str, out: str) -> None:
             alone = pqloader.DataLoader(pqloader.ParquetDataset(files), rank=0, world_size=1,
                                         **kw)
             rows += sum(len(b["id"]) for b in alone)  # no check: not over the group's ranks
-        loader = pqloader.DataLoader(pqloader.ParquetDataset(files), **kw)
+        if case == "agree, rank 0 peeks at a loader of its own first" and rank == 0:
+            own = pqloader.DataLoader(pqloader.ParquetDataset(files[:1]), batch_size=4)
+            next(iter(own))  # built elsewhere: the train loaders are still matched
+        loader = _train_loader(files, kw)
         pickle.dumps(loader)  # a loader under a group stays picklable
         if case.startswith("agree") and rank == 0:
             next(iter(loader))  # a look at one batch before training
@@ -96,29 +107,35 @@ def test_ranks_that_plan_differently_are_told(make_dataset: Any, tmp_path: Path,
                                                differs: str) -> None:
     source = make_dataset(1000, rows_per_file=250, row_group_size=50)
     first, second = _run(case, source, tmp_path / "out")
-    assert "rank 1 plans differently from rank 0" in second["told"], second
+    told = f"rank 1 plans the loader built at {TRAIN_BUILT_AT} differently from rank 0"
+    assert told in second["told"], second
     assert differs in second["told"]
-    assert "1 of the other 1 ranks plan differently from rank 0" in first["told"], first
-    assert differs in first["told"]  # what rank 1 was told
+    assert "a rank (so far) plans differently from rank 0; one was told: " + told \
+        in first["told"], first
+    assert differs in first["told"]
     assert first["rows"] < 3 * 500 and second["rows"] < 3 * 500  # within the first epoch
 
 
 def test_a_rank_given_local_rank_is_told(make_dataset: Any, tmp_path: Path) -> None:
     source = make_dataset(1000, rows_per_file=250, row_group_size=50)
     first, second = _run("LOCAL_RANK", source, tmp_path / "out")
-    assert "rank 1 of the process group but its loader was given rank=0" in second["told"]
+    assert "rank 1 of the process group but its loader (built at" in second["told"]
+    assert "was given rank=0 of world_size=2" in second["told"]
     assert second["rows"] == 0 and first["told"] == ""
 
 
 @pytest.mark.parametrize("case", ["agree, rank 0 peeks and reads alone",
+                                  "agree, rank 0 peeks at a loader of its own first",
                                   "a stale rank 0 from an earlier run",
                                   "seed per rank, check off"])
 def test_ranks_that_agree_or_turn_the_check_off_are_not_told(make_dataset: Any, tmp_path: Path,
                                                              case: str) -> None:
-    """Rank 0 reads a loader of its own (rank=0, world_size=1) and peeks at a batch; or a value
-    rank 0 left in the store before a restart (torchrun keeps its store) must be waited past."""
+    """Rank 0 reads a loader of its own (rank=0, world_size=1) and peeks at a batch, or peeks at
+    a loader over the group's ranks that it alone builds (it shifted the pairing of the train
+    loaders, then told apart by the order they were built in); or a value rank 0 left in the
+    store before a restart (torchrun keeps its store) must be waited past."""
     source = make_dataset(1000, rows_per_file=250, row_group_size=50)
     results = _run(case, source, tmp_path / "out")
     assert [r["told"] for r in results] == ["", ""]
-    alone = 1000 if case.startswith("agree") else 0
+    alone = 1000 if case == "agree, rank 0 peeks and reads alone" else 0
     assert [r["rows"] for r in results] == [alone + 3 * 500, 3 * 500]
