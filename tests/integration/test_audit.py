@@ -80,7 +80,8 @@ def test_rows_drop_last_leaves_out_are_not_missing(make_dataset: Any, tmp_path: 
     assert (report.dropped, report.missing, report.duplicates) == (dropped, 0, 0)
     assert report.exactly_once and report.delivered == 1001 - dropped
     assert main(["audit", str(tmp_path)]) == 0
-    assert f"{dropped} left out by drop_last" in capsys.readouterr().out
+    assert f"every row exactly once, but the {dropped} that drop_last leaves out" \
+        in capsys.readouterr().out
 
 
 def test_a_rank_missing_beside_drop_last_is_still_missing(make_dataset: Any,
