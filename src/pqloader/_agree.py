@@ -113,7 +113,7 @@ class Agreement:
             told = self._look() if self._world.rank == 0 else self._compare()
         except Exception:  # as in begin
             told = None
-            self._polling, self._key = False, ""
+            self._done()
         if told is not None:
             self._told, self._polling = told, False
             raise InvalidArgumentError(told)

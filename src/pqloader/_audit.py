@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import InvalidArgumentError
+from ._plan import num_batches
 
 HEADER = "pqloader.audit"
 
@@ -135,7 +136,9 @@ def _left_out(num_rows: int, head: Mapping[str, Any]) -> int | None:
     if not head["drop_last"]:
         return 0
     world_size, batch_size = int(head["world_size"]), int(head["batch_size"])
-    return num_rows - world_size * (num_rows // world_size // batch_size * batch_size)
+    per_rank = num_batches(np.array([num_rows]), batch_size=batch_size, world_size=world_size,
+                           drop_last=True)
+    return num_rows - world_size * per_rank * batch_size
 
 
 def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[EpochReport]:
