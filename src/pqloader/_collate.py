@@ -74,8 +74,8 @@ def _numeric(array: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
             cast = ", cast the column to float (nulls become NaN)" if pa.types.is_integer(t) \
                 else ""  # not a timestamp's or a bool's
             raise DataError(
-                f"column {name!r} ({t}) has {array.null_count} null values; fill them when "
-                f"writing{cast}, or pass collate_fn="
+                f"column {name!r} ({t}) has null values ({array.null_count:,} in the "
+                f"row groups named below); fill them when writing{cast}, or pass collate_fn="
             )
         array = pc.fill_null(array, pa.scalar(float("nan"), t))
     if pa.types.is_temporal(t):
@@ -112,9 +112,9 @@ def _fixed_list(array: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
         return array
     if not pa.types.is_floating(t.value_type):
         raise DataError(
-            f"column {name!r} ({t}) has {null_lists} null lists and {null_values} null values "
-            "inside its lists; fill them when writing, cast the values to float (nulls become "
-            "NaN), or pass collate_fn="
+            f"column {name!r} ({t}) has {null_lists:,} null lists and {null_values:,} null "
+            "values inside its lists (in the row groups named below); fill them when writing, "
+            "cast the values to float (nulls become NaN), or pass collate_fn="
         )
     nan = pa.scalar(float("nan"), t.value_type)
     if null_lists:
@@ -179,9 +179,11 @@ class Ragged:
     @classmethod
     def of(cls, array: pa.ListArray | pa.LargeListArray, order: np.ndarray | None,
            name: str) -> Ragged:
-        if array.flatten().null_count:
+        # float nulls become NaN (to_numpy makes them so), as in a plain float column
+        if array.flatten().null_count and not pa.types.is_floating(array.type.value_type):
             raise DataError(f"column {name!r} ({array.type}) has null values inside its lists; "
-                            "fill them when writing, or pass collate_fn=")
+                            "fill them when writing, cast the values to float (nulls become "
+                            "NaN), or pass collate_fn=")
         lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
         starts = array.offsets.to_numpy()[:-1].astype(np.int64)
         values = array.values.to_numpy(zero_copy_only=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 from collections import OrderedDict
@@ -41,7 +42,10 @@ def _row_numbers(indices: Any, num_rows: int) -> np.ndarray:
     except (TypeError, ValueError) as exc:  # ragged nesting
         raise TypeError(f"indices must be a flat sequence of ints, got {indices!r:.80}") from exc
     if idx.ndim != 1:
-        got = "a single value (ds[i] reads one row)" if idx.ndim == 0 else f"shape {idx.shape}"
+        got = f"shape {idx.shape}"
+        if idx.ndim == 0:  # a set or a generator is one object to numpy
+            got = f"a {type(indices).__name__} (pass a list)" if hasattr(indices, "__iter__") \
+                else "a single value (ds[i] reads one row)"
         raise TypeError(f"indices must be a 1-D sequence of ints, got {got}")
     if idx.size == 0:
         return np.zeros(0, dtype=np.int64)
@@ -209,10 +213,18 @@ class ParquetDataset:
         return np.searchsorted(self._offsets, indices, side="right") - 1
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+        # any integer (numpy's, a 0-d array, a one-element integer tensor: what torch's
+        # SubsetRandomSampler and Subset pass), not a bool
+        boolean = isinstance(index, bool) or str(getattr(index, "dtype", "")) in ("bool",
+                                                                                  "torch.bool")
+        try:
+            row = operator.index(index)
+        except TypeError:
+            boolean = True
+        if boolean:
             raise TypeError(f"index must be an int, got {type(index).__name__}; "
                             "use __getitems__ for a list of rows")
-        return self.__getitems__([int(index)])[0]
+        return self.__getitems__([row])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Rows as dicts, in the order asked; each needed row group is read once."""

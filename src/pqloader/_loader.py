@@ -256,6 +256,8 @@ class DataLoader:
             current = planner.settings(self._plan_workers)  # the state is valid: now adopt
         if dict(cursor.settings) == current:
             origin, batches = cursor.origin, cursor.batches
+        elif cursor.batches == 0:  # nothing of that plan delivered: deal what it was dealt
+            origin, batches = cursor.origin, 0  # (its drop_last dropped no row twice)
         else:
             origin = {"settings": dict(cursor.settings), "batches": cursor.batches,
                       "resumed_from": cursor.origin}

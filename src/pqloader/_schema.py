@@ -54,10 +54,11 @@ def partition_schema(entries: Sequence[FileEntry]) -> pa.Schema:
 
 def same_type(a: pa.DataType, b: pa.DataType) -> bool:
     """Types equal up to the names of list elements (Spark says 'element', pyarrow 'item') and
-    the nullability of nested fields (Spark's ``containsNull=false`` in one job's files only):
-    :func:`looser` makes one type of the two."""
-    if a.equals(b):
-        return True
+    the nullability of nested fields (Spark's ``containsNull=false`` in one job's files only),
+    with ``null`` (the type pandas gives an object column without a value, as in an empty
+    shard) matching any type: :func:`looser` makes one type of the two."""
+    if a.equals(b) or pa.types.is_null(a) or pa.types.is_null(b):
+        return True  # null: no values (an empty object column from pandas), so any type's
     list_kinds = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
     for is_kind in list_kinds:
         if is_kind(a) and is_kind(b):
@@ -76,7 +77,9 @@ def same_type(a: pa.DataType, b: pa.DataType) -> bool:
 def looser(a: pa.DataType, b: pa.DataType) -> pa.DataType:
     """``a`` (:func:`same_type` as ``b``) with each nested field nullable where ``b``'s is: the
     type both files' values fit (casting to ``a`` declared a list's elements not null while the
-    other file's held nulls)."""
+    other file's held nulls), and the other's type where one is ``null``."""
+    if pa.types.is_null(a):
+        return b
     if a.equals(b) or a.num_fields == 0 or a.num_fields != b.num_fields:
         return a
     fields = [_looser_field(a.field(i), b.field(i)) for i in range(a.num_fields)]
@@ -169,6 +172,7 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | Non
                 f"column {name!r} is not in {first}; its columns are {base.names}"
             )
     fields = [base.field(n) for n in names]
+    typed_in = [first] * len(fields)  # the file each field's type comes from, for messages
     for path, schema in schemas[1:]:
         if columns is None:
             extra = sorted(set(schema.names) - set(names))
@@ -187,9 +191,11 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | Non
             other = schema.field(i).type
             if not same_type(field.type, other):
                 raise SchemaMismatchError(
-                    f"column {field.name!r} is {field.type} in {first} but {other} in "
+                    f"column {field.name!r} is {field.type} in {typed_in[k]} but {other} in "
                     f"{path}; cast it when writing, or leave it out with columns=[...]"
                 )
+            if pa.types.is_null(field.type) and not pa.types.is_null(other):
+                typed_in[k] = path
             # a column (or a field in it) "not null" in the first file but nullable in another
             # is nullable: the other's nulls must not fail, or hide in, the cast to the schema
             fields[k] = _looser_field(field, schema.field(i))

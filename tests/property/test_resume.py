@@ -295,3 +295,28 @@ def test_an_elastic_state_resumes_exactly_and_elastically_again(make_dataset: An
     fresh = pqloader.DataLoader(ds, batch_size=32, num_workers=0, **kw)
     fresh.set_epoch(1)
     assert _take(e) == _take(fresh)
+
+
+def test_an_elastic_resume_of_a_state_at_its_first_batch_deals_the_plan_it_resumed(
+        make_dataset: Any) -> None:
+    """A state at batch 0 restored under other settings dealt out what its plan left (all of
+    it, less the rows its drop_last dropped, which the new plan's drop_last dropped again):
+    now the epoch (or the remainder the state's own plan was dealt) starts anew."""
+    ds = pqloader.ParquetDataset(make_dataset(1000))
+    kw: dict[str, Any] = {"shuffle": True, "seed": 3, "drop_last": True,
+                          "shuffle_window_rows": 300}
+    a = pqloader.DataLoader(ds, batch_size=64, num_workers=2, rank=0, world_size=3, **kw)
+    b = pqloader.DataLoader(ds, batch_size=50, num_workers=1, **kw)
+    b.load_state_dict(a.state_dict())
+    assert b.state_dict()["resumed_from"] is None
+    assert _take(b) == _take(pqloader.DataLoader(ds, batch_size=50, num_workers=1, **kw))
+    # a state at the first batch of an elastic resume: what that resume was dealt, dealt anew
+    head = [i for batch in _take(a, 2) for i in batch]
+    c = pqloader.DataLoader(ds, batch_size=40, num_workers=2, **kw)
+    c.load_state_dict(a.state_dict())  # elastic, not iterated: its state is at batch 0
+    d = pqloader.DataLoader(ds, batch_size=32, num_workers=0, **kw)
+    d.load_state_dict(c.state_dict())
+    direct = pqloader.DataLoader(ds, batch_size=32, num_workers=0, **kw)
+    direct.load_state_dict(a.state_dict())
+    rest = _take(d)
+    assert rest == _take(direct) and not set(head) & {i for batch in rest for i in batch}

@@ -154,8 +154,31 @@ def test_getitems_takes_any_integer_dtype(dataset_path: Path, indices: Any) -> N
 
 
 def test_a_bool_is_not_an_index(dataset_path: Path) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
     with pytest.raises(TypeError, match="bool"):
-        pqloader.ParquetDataset(dataset_path, columns=["id"])[True]  # type: ignore[index]
+        ds[True]  # type: ignore[index]
+    for flag in (torch.tensor(True), np.array(True), torch.tensor(1.5)):
+        with pytest.raises(TypeError, match="index must be an int"):
+            ds[flag]  # type: ignore[index]
+
+
+def test_an_index_may_be_a_0d_tensor_or_array(dataset_path: Path) -> None:
+    """torch's Subset and SubsetRandomSampler over a tensor of indices pass 0-d tensors: they
+    were refused ("index must be an int, got Tensor") while __getitems__ took them."""
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    assert ds[torch.tensor(5)] == ds[np.array(5)] == ds[np.int8(5)] == {"id": 5}
+    assert torch.utils.data.Subset(ds, torch.arange(7, 9))[1] == {"id": 8}
+    sampler = torch.utils.data.SubsetRandomSampler(torch.arange(10, 20))
+    rows = [r["id"] for r in torch.utils.data.DataLoader(ds, batch_size=None, sampler=sampler)]
+    assert sorted(int(r) for r in rows) == list(range(10, 20))
+
+
+@pytest.mark.parametrize("indices", [{1, 2}, (i for i in range(2))])
+def test_a_set_or_generator_of_indices_is_named(dataset_path: Path, indices: Any) -> None:
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    kind = type(indices).__name__
+    with pytest.raises(TypeError, match=f"got a {kind} \\(pass a list\\)"):
+        ds.__getitems__(indices)
 
 
 def test_getitems_in_asked_order(dataset_path: Path) -> None:

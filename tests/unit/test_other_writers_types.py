@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -94,7 +95,7 @@ def test_a_name_written_twice_in_a_later_file_is_named(tmp_path: Path) -> None:
     (pa.array([1, None], pa.int64()), True),
     (pa.array([1, None], pa.timestamp("us", "UTC")), False),
     (pa.array([True, None]), False),
-    (pa.array([[1.0], [None]]), False),
+    (pa.array([[1], [None]]), False),
 ])
 def test_null_advice_fits_the_type(tmp_path: Path, values: pa.Array, cast: bool) -> None:
     """Casting to float is advice for integers, not for a timestamp or a bool."""
@@ -148,3 +149,54 @@ def test_nested_fields_not_null_in_one_file_only_are_nullable(tmp_path: Path) ->
     fixed = pqloader.ParquetDataset(tmp_path, columns=["f"])
     f = next(iter(pqloader.DataLoader(fixed, batch_size=4)))["f"]
     assert f.shape == (4, 2) and math.isnan(f[2, 0]) and bool(torch.isnan(f[3]).all())
+
+
+def test_nulls_in_lists_of_floats_are_nan(tmp_path: Path) -> None:
+    """As in a float column (they were a DataError)."""
+    pq.write_table(pa.table({"v": pa.array([[1.0, None], None, [2.0]], pa.list_(pa.float32()))}),
+                   tmp_path / "a.parquet")
+    batch = next(iter(pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=3)))
+    assert batch["v_lengths"].tolist() == [2, 0, 1]
+    assert batch["v"][0, 0] == 1.0 and math.isnan(batch["v"][0, 1]) and batch["v"][2, 0] == 2.0
+
+
+def _typed_null_in_some_files(tmp_path: Path) -> Path:
+    """Columns typed ``null`` in some files: an empty shard pandas wrote from an object column
+    without values, and a file whose values are all null (a column pandas had all None)."""
+    frame = pd.DataFrame({"id": [0, 1, 2], "text": ["a", None, "c"], "x": [0.5, 1.5, 2.5],
+                          "tags": [[1], [], [2, 3]]})
+    frame.iloc[:0].astype({"text": object}).to_parquet(tmp_path / "a-empty.parquet", index=False)
+    pq.write_table(pa.table({"id": [3, 4], "text": pa.nulls(2), "x": pa.nulls(2),
+                             "tags": pa.array([[], None], pa.list_(pa.null()))}),
+                   tmp_path / "b-nulls.parquet")
+    frame.to_parquet(tmp_path / "c-values.parquet", index=False)
+    assert pq.read_schema(tmp_path / "a-empty.parquet").field("text").type == pa.null()
+    return tmp_path
+
+
+def test_a_column_typed_null_in_some_files_takes_the_others_type(tmp_path: Path) -> None:
+    """They failed to open ("column 'text' is null in a-empty.parquet but large_string in
+    c-values.parquet"); pyarrow's own read_table reads them."""
+    ds = pqloader.ParquetDataset(_typed_null_in_some_files(tmp_path))
+    assert ds.columns == {"id": pa.int64(), "text": pa.large_string(), "x": pa.float64(),
+                          "tags": pa.list_(pa.int64())}
+    assert len(ds) == 5
+    assert [ds[i]["text"] for i in range(5)] == [None, None, "a", None, "c"]
+    for workers in (0, 2):
+        batches = list(pqloader.DataLoader(ds, batch_size=5, num_workers=workers))
+        (batch,) = batches
+        assert batch["id"].tolist() == [3, 4, 0, 1, 2] and batch["text"][:2] == [None, None]
+        assert bool(torch.isnan(batch["x"][:2]).all()) and batch["x"][2] == 0.5
+        assert batch["tags_lengths"].tolist() == [0, 0, 1, 0, 2]
+    kept = pqloader.ParquetDataset(tmp_path, filter=pc.field("x") > 1.0)
+    assert [kept[i]["id"] for i in range(len(kept))] == [1, 2]
+
+
+def test_a_type_clash_names_the_file_that_typed_the_column(tmp_path: Path) -> None:
+    _typed_null_in_some_files(tmp_path)
+    pq.write_table(pa.table({"id": [5], "text": [7], "x": [1.0], "tags": [[1]]}),
+                   tmp_path / "d-ints.parquet")
+    with pytest.raises(pqloader.SchemaMismatchError,
+                       match=r"'text' is large_string in .*c-values\.parquet but int64 in "
+                             r".*d-ints\.parquet"):
+        pqloader.ParquetDataset(tmp_path)
