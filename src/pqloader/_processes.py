@@ -19,7 +19,7 @@ import torch
 import torch.utils.data
 
 from ._config import START_GRACE_S, WorkerConfig
-from ._errors import LoaderTimeoutError
+from ._errors import InvalidArgumentError, LoaderTimeoutError
 from ._torch import Planner, TorchIterable
 
 
@@ -57,11 +57,30 @@ class ProcessDelivery:
             if w.persistent_workers:
                 self._loader = loader
         loader.dataset.set_epoch(epoch, start)  # type: ignore[attr-defined]
+        # torch's persistent iterator is one: iter() again resets it under an older pass,
+        # which then went on with the newer pass's batches (the two shared one epoch)
+        this_pass = object()
+        loader.pqloader_pass = this_pass
         it = iter(loader)
         try:
             if up is not None and w.timeout:
                 _await_start(it, up, w.num_workers, w.timeout)
-            yield from map(receive, it)
+            while True:
+                if loader.pqloader_pass is not this_pass:  # type: ignore[attr-defined]
+                    raise _Superseded
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                yield receive(batch)
+        except _Superseded:
+            raise InvalidArgumentError(
+                "this iterator of the loader was overtaken by a newer one (iter(loader) "
+                "again): with worker_type='process' and persistent_workers=True one set of "
+                "worker processes serves one pass at a time. Finish or drop an iterator "
+                "before the next starts, or use thread workers (the default)") from None
+        except GeneratorExit:  # the caller broke off or dropped it: persistent workers stay
+            raise
         except RuntimeError as exc:
             self.forget()  # persistent ones may be dead or stuck: the next epoch starts anew
             if not str(exc).startswith("DataLoader timed out"):
@@ -82,6 +101,10 @@ class ProcessDelivery:
             # its workers with it, until a GC pass blocks on joining them: stop them now.
             if not w.persistent_workers and hasattr(it, "_shutdown_workers"):
                 it._shutdown_workers()
+
+
+class _Superseded(Exception):
+    """A newer pass took over the persistent workers (its own handling: they stay up)."""
 
 
 class _Started:

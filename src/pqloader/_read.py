@@ -11,6 +11,7 @@ row group's entry when one is cached.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,12 +21,12 @@ import pyarrow.parquet as pq
 
 from ._cache import Buffer, CorruptCacheEntry
 from ._discover import Discovery, FileEntry
-from ._errors import CorruptFileError, PQLoaderError, SchemaMismatchError
+from ._errors import CorruptFileError, DatasetNotFoundError, PQLoaderError, SchemaMismatchError
 from ._fetch import cached_ranges
 from ._footers import remote_footer
 from ._fs import ObjectInfo
 from ._ranges import Range, coalesce
-from ._schema import unviewed
+from ._schema import same_type, unviewed
 from ._sizes import leaf_count
 
 _MAX_PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
@@ -72,11 +73,32 @@ class FragmentReader:
         if footer is None:
             store = self._d.store
             if store is None:
+                size = os.path.getsize(entry.path)
+                if size != entry.size_bytes:
+                    raise SchemaMismatchError(
+                        f"{entry.path} is {size:,} bytes, {entry.size_bytes:,} when the "
+                        f"dataset was opened; {_CHANGED}")
                 footer = pq.read_metadata(entry.path)
             else:
                 footer = remote_footer(store, self._d.cache, self._object(entry))
+            self._check_types(entry, footer)
             self._footers[file_index] = footer
         return footer
+
+    def _check_types(self, entry: FileEntry, footer: pq.FileMetaData) -> None:
+        """A footer read after a manifest opened the dataset holds the columns it promised:
+        a file rewritten at the same size with other types was cast (strings parsed as
+        ints) rather than refused."""
+        schema = footer.schema.to_arrow_schema()
+        for name in self._file_columns:
+            i = schema.get_field_index(name)
+            want = self._d.schema.field(name).type if name in self._d.schema.names else None
+            if i < 0 or (want is not None
+                         and not same_type(unviewed(pa.schema([schema.field(i)])).types[0],
+                                           want)):
+                found = f"{entry.path} has no column {name!r}" if i < 0 else \
+                    f"{entry.path}: column {name!r} is {schema.field(i).type}, the dataset's {want}"
+                raise SchemaMismatchError(f"{found}; {_CHANGED}")
 
     def _object(self, entry: FileEntry) -> ObjectInfo:
         assert self._d.store is not None
@@ -107,6 +129,9 @@ class FragmentReader:
                                               use_threads=True)
         except PQLoaderError:
             raise
+        except FileNotFoundError as exc:
+            raise DatasetNotFoundError(
+                f"{entry.path}: the file is gone ({exc}); {_CHANGED}") from exc
         except (KeyError, IndexError) as exc:  # a column or row group the index promised
             raise SchemaMismatchError(
                 f"{entry.path}: row group {row_group}: {exc}; {_CHANGED}") from exc

@@ -4,6 +4,7 @@ persistent workers, after a timeout: each pass is the epoch it should be."""
 from __future__ import annotations
 
 import gc
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,48 @@ def test_persistent_processes_start_again_after_a_timeout(make_dataset: Any,
         marker.unlink()
         loader.set_epoch(1)
         assert sorted(_ids(loader)) == list(range(ROWS))
+    finally:
+        del loader
+        gc.collect()
+
+
+def _with_pid(batch: dict[str, Any]) -> dict[str, Any]:
+    return {**batch, "pid": os.getpid()}
+
+
+def test_persistent_processes_outlive_a_pass_broken_off(make_dataset: Any) -> None:
+    """A break (or a dropped iterator) shut them down: each later epoch started new ones."""
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_type="process",
+                                 persistent_workers=True, transform=_with_pid)
+    try:
+        pids = set()
+        for k, batch in enumerate(loader):
+            pids.add(batch["pid"])
+            if k == 3:
+                break
+        loader.set_epoch(1)
+        batches = list(loader)
+        assert sorted(_ids(batches)) == list(range(ROWS))
+        assert {b["pid"] for b in batches} <= pids and os.getpid() not in pids
+    finally:
+        del loader
+        gc.collect()
+
+
+def test_a_pass_overtaken_under_persistent_processes_says_so(make_dataset: Any) -> None:
+    """torch's persistent iterator is one: a second pass reset it under the first, and the
+    two passes shared one epoch's batches, silently."""
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_type="process",
+                                 persistent_workers=True)
+    try:
+        older = iter(loader)
+        first = next(older)
+        assert sorted(_ids(loader)) == list(range(ROWS))  # the newer pass: a whole epoch
+        with pytest.raises(pqloader.InvalidArgumentError, match="overtaken by a newer one"):
+            next(older)
+        assert sorted(_ids(loader)) == list(range(ROWS)) and len(first["id"]) == 50
     finally:
         del loader
         gc.collect()

@@ -4,9 +4,11 @@ between files, hive folders that shadow a column."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -87,10 +89,59 @@ def test_a_file_rewritten_under_its_manifest_is_an_error_not_wrong_rows(tmp_path
     pq.write_table(pa.table({"b": list(range(50, 100))}), shard, write_page_checksum=True)
     assert shard.stat().st_size == size
     ds = pqloader.ParquetDataset(root)  # the manifest still matches by name and size
-    with pytest.raises(pqloader.SchemaMismatchError, match=rf"{shard.name}.*row group 0"):
+    with pytest.raises(pqloader.SchemaMismatchError, match=rf"{shard.name} has no column 'a'"):
         ds[60]
     with pytest.raises(pqloader.SchemaMismatchError, match="manifest"):
         list(pqloader.DataLoader(ds, batch_size=10, num_workers=0))
+
+
+def _rewrite_at_size(path: Path, values: np.ndarray, size: int) -> None:
+    """Column ``a`` of ``values`` written over ``path`` at ``size`` bytes: padded by schema
+    metadata, statistics or not, and fewer distinct values (the dictionary page shrinks)."""
+    for dup, pad, stats in itertools.product(range(len(values) // 2), range(32), (True, False)):
+        v = values.copy()
+        v[len(v) - dup:] = v[0]
+        meta = {"pad": "x" * pad} if pad else None
+        pq.write_table(pa.table({"a": v}).replace_schema_metadata(meta), path,
+                       write_page_checksum=True, write_statistics=stats)
+        if path.stat().st_size == size:
+            return
+    raise AssertionError(f"no padding gives {size} bytes")
+
+
+@pytest.mark.parametrize("same_size", [False, True])
+def test_a_file_replaced_under_its_manifest_with_other_types_is_an_error(
+        tmp_path: Path, same_size: bool) -> None:
+    """Its values were read into the dataset's type: strings parsed as ints, floats cast."""
+    root = tmp_path / "ds"
+    pqloader.write_dataset(pa.table({"a": list(range(100))}), root, rows_per_file=50,
+                           row_group_size=50)
+    ds = pqloader.ParquetDataset(root)  # from the manifest: no footer read yet
+    shard = sorted(root.glob("part-*.parquet"))[1]
+    if same_size:
+        _rewrite_at_size(shard, np.arange(50, 100, dtype=np.float64), shard.stat().st_size)
+        message = rf"{shard.name}: column 'a' is double, the dataset's int64"
+    else:
+        pq.write_table(pa.table({"a": [str(-i) for i in range(50)]}), shard)
+        message = rf"{shard.name} is [0-9,]+ bytes, [0-9,]+ when the dataset was opened"
+    with pytest.raises(pqloader.SchemaMismatchError, match=message):
+        list(pqloader.DataLoader(ds, batch_size=10, num_workers=0))
+
+
+def test_a_file_deleted_after_opening_is_not_found(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    pqloader.write_dataset(pa.table({"a": list(range(100))}), root, rows_per_file=50)
+    for manifest in (True, False):
+        if not manifest:
+            (root / "_pqloader_manifest.json").unlink()
+            pqloader.write_dataset(pa.table({"a": list(range(100))}), root, rows_per_file=50,
+                                   overwrite=True)
+            (root / "_pqloader_manifest.json").unlink()
+        ds = pqloader.ParquetDataset(root)
+        shard = sorted(root.glob("part-*.parquet"))[0]
+        shard.unlink()
+        with pytest.raises(FileNotFoundError, match=rf"{shard.name}: the file is gone"):
+            ds[0]
 
 
 def test_a_row_group_with_other_rows_than_indexed_is_an_error(tmp_path: Path) -> None:
@@ -99,7 +150,8 @@ def test_a_row_group_with_other_rows_than_indexed_is_an_error(tmp_path: Path) ->
                            row_group_size=50)
     ds = pqloader.ParquetDataset(root)
     shard = sorted(root.glob("part-*.parquet"))[0]
-    pq.write_table(pa.table({"a": list(range(49))}), shard)  # changed after opening
+    # changed after opening, at the same size (another size is told before any read)
+    _rewrite_at_size(shard, np.arange(49), shard.stat().st_size)
     with pytest.raises(pqloader.SchemaMismatchError, match=r"holds 49 rows.*index 50"):
         list(pqloader.DataLoader(ds, batch_size=10, num_workers=0))
 
