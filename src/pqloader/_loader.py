@@ -231,8 +231,10 @@ class DataLoader:
         ``num_workers``, ``world_size``, ``batch_size`` or ``shuffle_window_rows`` (elastic),
         the rows no rank had yet yielded are dealt out to the new ranks and workers: each comes
         exactly once in the rest of the epoch (plus at most ``world_size - 1`` repeats when
-        padding, as always) and no yielded row comes again; the order of those rows is new.
-        Either way at most one shuffle window per worker is read before the first batch. A
+        padding, as always) and no yielded row comes again; the order of those rows is new,
+        in windows of this loader's size (the old windows are cut to it: a memory budget
+        holds). Either way at most one shuffle window per worker is read before the first
+        batch. A
         loader whose window size is automatic (no ``shuffle_window_rows``) takes the state's,
         unless that would pass its ``memory_budget_bytes``: the automatic size may differ
         between pqloader versions.
@@ -260,7 +262,7 @@ class DataLoader:
             origin, batches = cursor.origin, 0  # (its drop_last dropped no row twice)
         else:
             origin = {"settings": dict(cursor.settings), "batches": cursor.batches,
-                      "resumed_from": cursor.origin}
+                      "resumed_from": cursor.origin, "recut": True}
             batches = 0
         planner.origin = None if origin is None else (cursor.epoch, origin)
         self._processes.forget()  # persistent worker processes must see the new plan

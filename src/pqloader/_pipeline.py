@@ -23,7 +23,7 @@ import torch
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import LoaderTimeoutError, PQLoaderError
 from ._memory import MemoryBudget
-from ._plan import Segment, Window, WorkerPlan, advance
+from ._plan import Segment, Slice, Window, WorkerPlan, advance
 from ._read import FragmentReader
 from ._threads import EXITING, DaemonPool
 
@@ -77,6 +77,7 @@ class Stages:
     memory: MemoryBudget | None = None  # memory_budget_bytes, held while reading ahead
     window_bytes: int = 0  # a window's decoded bytes, estimated (its read needs about twice)
     timeout_s: float = 0.0  # the loader's timeout: the longest wait for a window read (0: none)
+    window_rows: int = 0  # the plan's window size: larger (older) windows are read in parts
 
     @functools.cached_property
     def arity(self) -> int:
@@ -86,29 +87,72 @@ class Stages:
     def load(self, segment: Segment) -> _Loaded:
         """Read a segment's window, permute it, keep the segment's rows."""
         window = segment.window
+        if (segment.start, segment.stop) != (0, window.num_rows):
+            return self._load_part(segment)
         tables = [t.slice(s.start, s.num_rows) for s, t in zip(
             window.slices, self.reader.read_many([s.fragment for s in window.slices]),
             strict=True)]
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-        num_rows = table.num_rows
         arrow = {name: table.column(name) for name in table.column_names}
         del table, tables  # from here each Arrow column is freed once its copy is made
-        keep_arrow = self.collate_fn is not None
         permutation = None if window.key is None else window.order()
+        columns = self._prepare(arrow, permutation, window, locate=True)
+        if self.audit:
+            columns[ROWS] = self._row_numbers(window, permutation)
+        return _Loaded(columns, segment.num_rows)
+
+    def _load_part(self, segment: Segment) -> _Loaded:
+        """Part of a window (where a resumed worker stands in it; an old plan's window dealt
+        to several new workers, or larger than this plan's): its slices read a few at a time
+        (a window's rows of this plan at most, fetched together when remote), each cut to the
+        part's rows at once, so memory holds the part and a window of this plan's size."""
+        window = segment.window
+        emitted = window.order()
+        positions = emitted[segment.start:segment.stop]  # window rows, in emission order
+        wanted = np.sort(positions)
+        starts = np.cumsum([0, *(s.num_rows for s in window.slices)]).tolist()
+        bounds = np.searchsorted(wanted, starts).tolist()
+        needed = [(s, wanted[lo:hi] - first) for s, first, lo, hi in zip(
+            window.slices, starts, bounds, bounds[1:], strict=False) if lo < hi]
+        pieces: list[pa.Table] = []
+        group: list[tuple[Slice, np.ndarray]] = []
+        for k, item in enumerate(needed):
+            group.append(item)
+            rows = sum(s.num_rows for s, _ in group)
+            if k == len(needed) - 1 or rows + needed[k + 1][0].num_rows > self.window_rows:
+                tables = self.reader.read_many([s.fragment for s, _ in group])
+                pieces += [t.slice(s.start, s.num_rows).take(pa.array(keep))
+                           for (s, keep), t in zip(group, tables, strict=True)]
+                group, tables = [], []
+        table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+        arrow = {name: table.column(name) for name in table.column_names}
+        del table, pieces
+        in_order = bool((positions[1:] > positions[:-1]).all())
+        order = None if in_order else np.searchsorted(wanted, positions)
+        columns = self._prepare(arrow, order, window, locate=False)
+        if self.audit:
+            columns[ROWS] = self._row_numbers(window, emitted)[segment.start:segment.stop]
+        return _Loaded(columns, segment.num_rows)
+
+    def _prepare(self, arrow: dict[str, pa.ChunkedArray], permutation: np.ndarray | None,
+                 window: Window, locate: bool) -> Columns:
+        """The columns of ``arrow`` (emptied: each freed once its copy is made) in
+        ``permutation``'s order (None: as they are), each ready to be cut in batches; a bad
+        column's error names the window's row groups (``locate``: the columns hold the
+        window's rows in read order, so those holding its nulls)."""
+        keep_arrow = self.collate_fn is not None
         order = None if permutation is None else window_order(permutation)
         columns = {}
+        column = None
         try:
             for name in list(arrow):
                 kind = None if keep_arrow else self.kinds[name]
-                columns[name] = prepare(arrow.pop(name), name, kind, order)
+                column = arrow.pop(name)
+                columns[name] = prepare(column, name, kind, order)
         except PQLoaderError as exc:
-            exc.add_note(f"in {self.describe(window)}")
+            exc.add_note(f"in {self.describe(window, column if locate else None)}")
             raise
-        if self.audit:
-            columns[ROWS] = self._row_numbers(window, permutation)
-        if (segment.start, segment.stop) != (0, num_rows):
-            columns = {n: _slice(v, segment.start, segment.stop) for n, v in columns.items()}
-        return _Loaded(columns, segment.num_rows)
+        return columns
 
     def _row_numbers(self, window: Window, permutation: np.ndarray | None) -> np.ndarray:
         """Global row numbers (files and row groups in index order) of a window, as emitted."""
@@ -117,9 +161,15 @@ class Stages:
                                for s in window.slices])
         return rows if permutation is None else rows[permutation]
 
-    def describe(self, window: Window) -> str:
-        """The files and row groups a window reads, for error messages."""
-        return "; ".join(self.reader.discovery.where(s.fragment) for s in window.slices)
+    def describe(self, window: Window, column: pa.ChunkedArray | None = None) -> str:
+        """The files and row groups a window reads, for error messages: those holding the
+        nulls of ``column`` (of the window, read order), when it has any."""
+        slices = window.slices
+        if column is not None and column.null_count:
+            starts = np.cumsum([0, *(s.num_rows for s in slices)])
+            slices = tuple(s for s, at in zip(slices, starts.tolist(), strict=False)
+                           if column.slice(at, s.num_rows).null_count) or slices
+        return "; ".join(self.reader.discovery.where(s.fragment) for s in slices)
 
 
 def _slice(values: Any, start: int, stop: int) -> Any:
@@ -224,11 +274,30 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
     before them are not read; at most the one window the cursor falls in is read partly.
     ``ahead``: windows read ahead at once.
     """
-    segments = advance(plan.segments, sum(plan.batch_sizes[:skip]))
+    segments = _bounded(advance(plan.segments, sum(plan.batch_sizes[:skip])),
+                        stages.window_rows)
     batches = _cut(read_ahead(stages.load, segments, stages.memory, 2 * stages.window_bytes,
                               ahead, stages.timeout_s, lambda seg: stages.describe(seg.window)),
                    plan.batch_sizes[skip:])
     yield from zip(plan.positions[skip:], batches, strict=True)
+
+
+def _bounded(segments: Sequence[Segment], window_rows: int) -> Sequence[Segment]:
+    """``segments``, those of windows larger than ``window_rows`` makes (an old plan's, in a
+    resume with smaller windows) cut in parts of at most ``window_rows`` rows, each read on
+    its own (:meth:`Stages._load_part`): memory for a window of this plan's size, not the old
+    one's, at the cost of reading the old window's row groups once per part."""
+    if window_rows < 1:
+        return segments
+    out: list[Segment] = []
+    for segment in segments:
+        window = segment.window
+        if window.num_rows - window.slices[-1].num_rows < window_rows:  # one this plan makes
+            out.append(segment)
+            continue
+        out.extend(Segment(window, a, min(a + window_rows, segment.stop))
+                   for a in range(segment.start, segment.stop, window_rows))
+    return out
 
 
 def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank: int,

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._plan import RankPlan, Segment, Window, WorkerPlan, advance, deal_rows, walk
+from ._plan import (
+    RankPlan,
+    Segment,
+    Slice,
+    Window,
+    WorkerPlan,
+    advance,
+    deal_rows,
+    walk,
+    whole,
+)
 
 
 def remaining(old: list[RankPlan], batches_done: int) -> list[Segment]:
@@ -125,6 +135,35 @@ def _unseen(segment: Segment, seen: dict[Window, list[tuple[int, int]]]) -> list
             ranges[-1] = (ranges[-1][0], max(ranges[-1][1], b))
         else:
             ranges.append((a, b))
+    return out
+
+
+def recut(segments: list[Segment], window_rows: int) -> list[Segment]:
+    """``segments`` with each whole shuffled window that ``window_rows`` would not have made
+    (an old plan's larger windows) cut into windows of consecutive slices of at least
+    ``window_rows`` rows, as a fresh epoch cuts them, each with a key of its own.
+
+    A resume with smaller windows (a memory budget, a smaller ``shuffle_window_rows`` after
+    running out of memory) then reads windows of its own size for the rest of the epoch, not
+    the old ones; rows mix inside the smaller windows only. Part of a window (the one an old
+    worker was in) is left whole: its rows are spread over every slice of it.
+    """
+    out: list[Segment] = []
+    for segment in segments:
+        window = segment.window
+        whole_window = (segment.start, segment.stop) == (0, window.num_rows)
+        if window.key is None or window_rows < 1 or not whole_window or \
+                window.num_rows - window.slices[-1].num_rows < window_rows:
+            out.append(segment)
+            continue
+        group: list[Slice] = []
+        rows, part, last = 0, 1, len(window.slices) - 1
+        for i, sl in enumerate(window.slices):
+            group.append(sl)
+            rows += sl.num_rows
+            if rows >= window_rows or i == last:
+                out.append(whole(Window(tuple(group), (*window.key, part))))
+                group, rows, part = [], 0, part + 1
     return out
 
 

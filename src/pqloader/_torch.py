@@ -17,7 +17,7 @@ from ._memory import RESERVE_BYTES, WINDOWS_PER_STREAM, MemoryBudget, window_byt
 from ._pack import compact
 from ._pipeline import Stages, finish, raw_batches, worker_batches
 from ._plan import RankPlan, num_batches, plan_epoch
-from ._remainder import plan_remainder, remaining
+from ._remainder import plan_remainder, recut, remaining
 from ._shared import SharedStream
 from ._state import fingerprint
 from ._world import check_world, resolve_world
@@ -92,7 +92,8 @@ class Planner:
             memory = MemoryBudget(config.memory_budget_bytes)
             check_room(dataset, config, streams)
         self.stages = Stages(dataset.reader, kinds, config.seed, config.transform,
-                             config.collate_fn, audit, memory, self._window_bytes(), timeout_s)
+                             config.collate_fn, audit, memory, self._window_bytes(), timeout_s,
+                             self.window_rows)
         self.fingerprint = fingerprint(d)
         # (epoch, chain): that epoch's plan is what the chain's plan left (see _state.Cursor)
         self.origin: tuple[int, Mapping[str, Any]] | None = None
@@ -114,7 +115,8 @@ class Planner:
                 c.memory_budget_bytes is not None and rows > self.window_rows):
             return False
         self.window_rows = rows
-        self.stages = dataclasses.replace(self.stages, window_bytes=self._window_bytes())
+        self.stages = dataclasses.replace(self.stages, window_bytes=self._window_bytes(),
+                                          window_rows=rows)
         return True
 
     def __len__(self) -> int:
@@ -185,8 +187,11 @@ class Planner:
     def _deal_remainder(self, epoch: int, origin: Mapping[str, Any],
                         settings: Mapping[str, Any], rank: int) -> RankPlan:
         old = self.level(epoch, origin["settings"], origin.get("resumed_from"))
+        left = remaining(old, origin["batches"])
+        if origin.get("recut"):  # (states saved before it was: the old windows, as then)
+            left = recut(left, settings["shuffle_window_rows"])
         return plan_remainder(
-            remaining(old, origin["batches"]), batch_size=settings["batch_size"], rank=rank,
+            left, batch_size=settings["batch_size"], rank=rank,
             world_size=settings["world_size"], num_workers=settings["num_workers"],
             drop_last=settings["drop_last"],
             first_position=old[0].first_position + origin["batches"],

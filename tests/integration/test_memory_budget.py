@@ -74,6 +74,30 @@ def test_budget_holds_real_rss_and_every_row_comes(big: pqloader.ParquetDataset,
     assert ids[:10_000].max() - ids[:10_000].min() > ROWS // 2, "the first rows should mix"
 
 
+def test_a_state_saved_without_a_budget_resumes_within_one(
+        big: pqloader.ParquetDataset) -> None:
+    """Its larger windows were read whole for the rest of the epoch (2-6x the budget); the
+    same held after lowering shuffle_window_rows to resume from an out-of-memory crash."""
+    saver = pqloader.DataLoader(big, batch_size=4096, shuffle=True, seed=1, num_workers=2)
+    it = iter(saver)
+    head = [next(it)["id"].numpy().copy() for _ in range(40)]
+    state = saver.state_dict()
+    it.close()
+    del it, saver
+    deadline = time.monotonic() + 30  # the saver's reads ahead end, and their memory goes
+    while pa.total_allocated_bytes() > 8 * MIB and time.monotonic() < deadline:
+        time.sleep(0.05)
+    budget = 96 * MIB  # the old windows took 125-183 MiB
+    loader = pqloader.DataLoader(big, batch_size=4096, shuffle=True, seed=1, num_workers=2,
+                                 memory_budget_bytes=budget)
+    loader.load_state_dict(state)
+    saved, own = (s["settings"]["shuffle_window_rows"] for s in (state, loader.state_dict()))
+    assert own < saved // 4, "the test needs windows the budget cannot hold"
+    added, ids = _peak_added(loader)
+    assert added <= budget, f"added {added / MIB:.0f} MiB over a {budget / MIB:.0f} MiB budget"
+    assert np.array_equal(np.sort(np.concatenate([*head, ids])), np.arange(ROWS))
+
+
 def test_without_a_budget_the_same_loader_takes_more(big: pqloader.ParquetDataset) -> None:
     # what makes the test above mean something: the default windows do not fit
     loader = pqloader.DataLoader(big, batch_size=4096, shuffle=True, seed=1, num_workers=2)

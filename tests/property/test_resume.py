@@ -217,30 +217,31 @@ def _take(loader: pqloader.DataLoader, count: int | None = None) -> list[list[in
     new=st.tuples(st.integers(1, 40), st.integers(0, 3), st.integers(1, 3)),
     shuffle=st.booleans(),
     drop_last=st.booleans(),
-    window=st.integers(1, 300),
+    windows=st.tuples(st.integers(1, 300), st.integers(1, 300)),  # old, new
     stop_frac=st.floats(0, 1),
     ramp=RAMPS,
 )
 def test_elastic_resume_delivers_the_rest_exactly_once(
     datasets: dict[str, pqloader.ParquetDataset], layout: str, old: tuple[int, int, int],
-    new: tuple[int, int, int], shuffle: bool, drop_last: bool, window: int, stop_frac: float,
-    ramp: int,
+    new: tuple[int, int, int], shuffle: bool, drop_last: bool, windows: tuple[int, int],
+    stop_frac: float, ramp: int,
 ) -> None:
     with mock.patch.object(_plan, "FIRST_WINDOW_SLICES", ramp):
-        _elastic_resume(datasets[layout], old, new, shuffle, drop_last, window, stop_frac)
+        _elastic_resume(datasets[layout], old, new, shuffle, drop_last, windows, stop_frac)
 
 
 def _elastic_resume(ds: pqloader.ParquetDataset, old: tuple[int, int, int],
-                    new: tuple[int, int, int], shuffle: bool, drop_last: bool, window: int,
-                    stop_frac: float) -> None:
+                    new: tuple[int, int, int], shuffle: bool, drop_last: bool,
+                    windows: tuple[int, int], stop_frac: float) -> None:
     total = len(ds)
 
-    def make(batch_size: int, workers: int, ranks: int, rank: int) -> pqloader.DataLoader:
+    def make(batch_size: int, workers: int, ranks: int, rank: int,
+             window: int = windows[1]) -> pqloader.DataLoader:
         return pqloader.DataLoader(ds, batch_size=batch_size, num_workers=workers,
                                    shuffle=shuffle, drop_last=drop_last, seed=7,
                                    shuffle_window_rows=window, rank=rank, world_size=ranks)
 
-    first = [make(*old, r) for r in range(old[2])]
+    first = [make(*old, r, window=windows[0]) for r in range(old[2])]
     stop = round(stop_frac * len(first[0]))
     before = [i for loader in first for b in _take(loader, stop) for i in b] if stop else []
     state = json.loads(json.dumps(first[0].state_dict()))  # rank 0's state restores all
@@ -250,11 +251,20 @@ def _elastic_resume(ds: pqloader.ParquetDataset, old: tuple[int, int, int],
     after_per_rank = [_take(loader) for loader in second]
     assert len({len(batches) for batches in after_per_rank}) == 1, "new ranks stay even"
     after = [i for batches in after_per_rank for b in batches for i in b]
+    # a state saved during the resumed pass resumes it exactly (its plan, windows cut to the
+    # new size, is remade the same)
+    twin = make(*new, 0)
+    twin.load_state_dict(state)
+    mid = _take(twin, len(after_per_rank[0]) // 2)
+    third = make(*new, 0)
+    third.load_state_dict(json.loads(json.dumps(twin.state_dict())))
+    assert mid + _take(third) == after_per_rank[0]
 
     # The same plan resumes exactly: its padding (up to ranks - 1 rows) comes where it would
     # have. Another deals out what the old ranks left, each row once (the old padding was
     # dealt out again too, up to old ranks - 1 rows more), and pads for the new world only.
-    exact = (old[0], max(1, old[1]), old[2]) == (new[0], max(1, new[1]), new[2])
+    exact = (old[0], max(1, old[1]), old[2], windows[0]) == \
+        (new[0], max(1, new[1]), new[2], windows[1])
     pad_old, pad_new = (0, 0) if drop_last else (old[2] - 1, new[2] - 1)
     assert len(set(before) & set(after)) <= (pad_old if exact else 0)
     assert len(after) - len(set(after)) <= pad_new
@@ -320,3 +330,31 @@ def test_an_elastic_resume_of_a_state_at_its_first_batch_deals_the_plan_it_resum
     direct.load_state_dict(a.state_dict())
     rest = _take(d)
     assert rest == _take(direct) and not set(head) & {i for batch in rest for i in batch}
+
+
+def test_an_elastic_state_saved_before_windows_were_cut_keeps_its_plan(
+        make_dataset: Any) -> None:
+    """A state whose resume began before the old windows were cut to the new size (no
+    "recut" in it) resumes the plan it was in, the old windows whole, exactly."""
+    ds = pqloader.ParquetDataset(make_dataset(2000))
+    kw: dict[str, Any] = {"shuffle": True, "seed": 5, "batch_size": 50}
+    a = pqloader.DataLoader(ds, num_workers=0, shuffle_window_rows=1000, **kw)
+    head = [i for b in _take(a, 3) for i in b]
+    b = pqloader.DataLoader(ds, num_workers=1, shuffle_window_rows=100, **kw)
+    b.load_state_dict(a.state_dict())
+    state = b.state_dict()
+    assert state["resumed_from"].pop("recut") is True
+
+    def windows(loader: pqloader.DataLoader) -> int:  # the largest read whole
+        plan = loader._planner.plan(0, 1)
+        return max(s.window.num_rows for w in plan.workers for s in w.segments
+                   if s.num_rows == s.window.num_rows)
+
+    c = pqloader.DataLoader(ds, num_workers=1, shuffle_window_rows=100, **kw)
+    c.load_state_dict(state)
+    assert windows(b) <= 200 < 1000 == windows(c)  # cut, and as planned before
+    mid = _take(c, 5)
+    d = pqloader.DataLoader(ds, num_workers=1, shuffle_window_rows=100, **kw)
+    d.load_state_dict(json.loads(json.dumps(c.state_dict())))
+    rest = [i for batch in [*mid, *_take(d)] for i in batch]
+    assert sorted(head + rest) == list(range(2000))

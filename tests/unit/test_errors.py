@@ -412,3 +412,15 @@ def test_verify_checksums_catches_a_corrupt_page(tmp_path: Path) -> None:
     with pytest.raises(pqloader.CorruptFileError, match=r"row group \d") as info:
         list(pqloader.DataLoader(checked, batch_size=50_000, num_workers=2))
     assert str(path) in str(info.value)
+
+
+def test_nulls_in_a_window_name_the_row_groups_that_hold_them(tmp_path: Path) -> None:
+    """The note named every row group of the shuffle window (dozens, with 64 MiB windows)."""
+    values = pa.array([None if i == 130 else i for i in range(400)], pa.int64())
+    pq.write_table(pa.table({"v": values}), tmp_path / "a.parquet", row_group_size=50)
+    ds = pqloader.ParquetDataset(tmp_path)
+    loader = pqloader.DataLoader(ds, batch_size=40, shuffle=True, shuffle_window_rows=400,
+                                 num_workers=0)
+    with pytest.raises(pqloader.DataError, match=r"'v' .*null values") as info:
+        list(loader)
+    assert info.value.__notes__ == [f"in {tmp_path / 'a.parquet'}: row group 2"]
