@@ -106,7 +106,8 @@ def ensure_data(path: Path, rows: int, files: int, row_group_size: int) -> None:
     """Write the dataset into ``path`` unless it already holds it (same rows, files, groups)."""
     rows_per_file = -(-rows // files)
     parts = sorted(path.glob("part-*.parquet"))
-    if len(parts) == -(-rows // rows_per_file):
+    finished = not (path / "_pqloader_incomplete").exists()  # a write killed: written again
+    if finished and len(parts) == -(-rows // rows_per_file):
         metas = [pq.read_metadata(p) for p in parts]
         if sum(m.num_rows for m in metas) == rows and \
                 metas[0].row_group(0).num_rows == min(row_group_size, rows_per_file):

@@ -64,7 +64,8 @@ def ensure_data(path: Path, rows: int, files: int, row_group_size: int) -> None:
     """Write the dataset into ``path`` unless it already holds it (same rows and files)."""
     rows_per_file = -(-rows // files)
     parts = sorted(path.glob("part-*.parquet"))
-    if len(parts) == -(-rows // rows_per_file) and \
+    finished = not (path / "_pqloader_incomplete").exists()  # a write killed: written again
+    if finished and len(parts) == -(-rows // rows_per_file) and \
             sum(pq.read_metadata(p).num_rows for p in parts) == rows:
         print(f"reusing {path}", file=sys.stderr)
         return

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._errors import CorruptFileError
 from ._sizes import (
     RowBytes,
     Sample,
@@ -32,6 +33,9 @@ from ._sizes import (
 )
 
 NAME = "_pqloader_manifest.json"
+# Lies in a folder while write_dataset fills it (or swaps a new dataset in), and stays when it
+# fails or is killed: opening the folder then refuses, rather than read a part of the rows.
+INCOMPLETE = "_pqloader_incomplete"
 FORMAT = "pqloader.manifest"
 # 2 added each file's "row_bytes"; 3 measures dictionary-encoded strings in them (_measure.py);
 # 4 measures those nested in lists, structs and maps too; 5 measures each where it has values (4
@@ -158,3 +162,11 @@ def _checked(entry: Any) -> dict[str, Any]:
 
 def _counts(value: Any) -> bool:
     return isinstance(value, list) and all(type(x) is int and x >= 0 for x in value)
+
+
+def incomplete_error(folder: str) -> CorruptFileError:
+    """The error of opening a folder that a write_dataset did not finish."""
+    return CorruptFileError(
+        f"{folder}: write_dataset did not finish writing this folder (it failed or was "
+        f"stopped; {INCOMPLETE} is there): rows are missing. Write it again (overwrite=True), "
+        f"or delete {INCOMPLETE} to read the files it finished")

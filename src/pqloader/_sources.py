@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from ._errors import DatasetNotFoundError, EmptyDatasetError, InvalidArgumentError
 from ._fs import ObjectInfo, Store
+from ._manifest import INCOMPLETE, incomplete_error
 from ._manifest import NAME as MANIFEST_NAME
 
 _GLOB_CHARS = set("*?[")
@@ -81,6 +82,8 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
             return files, None
         path = Path(text)
         if path.is_dir():
+            if (path / INCOMPLETE).exists():
+                raise incomplete_error(str(path))
             files = _walk(path)
             if not files:
                 raise EmptyDatasetError(
@@ -129,6 +132,8 @@ def list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | N
         rel = obj.path[len(root) + 1:] if obj.path.startswith(root + "/") else obj.path
         if rel == MANIFEST_NAME:
             manifest = obj
+        elif rel == INCOMPLETE:
+            raise incomplete_error(source)
         elif not any(is_hidden(part) for part in rel.split("/")):
             data.append(obj)
     if not data:

@@ -15,9 +15,12 @@ from tqdm.auto import tqdm
 
 from ._errors import DataError, InvalidArgumentError, check_positive
 from ._inputs import as_batches, conform
-from ._manifest import write_manifest
+from ._manifest import INCOMPLETE, write_manifest
 
 FILE_PATTERN = "part-{:05d}.parquet"
+_MARKER_TEXT = ("pqloader.write_dataset is writing this folder, or failed or was stopped while "
+                "it did: its files are not the whole dataset. pqloader refuses to open the "
+                "folder while this file is here.\n")
 
 
 class _ShardWriter:
@@ -94,7 +97,10 @@ def write_dataset(
         progress: show a tqdm bar; default: when stderr is a terminal.
 
     Returns:
-        The paths written. Each file appears under its final name only once complete.
+        The paths written. Each file appears under its final name only once complete. Until
+        the whole dataset is, ``path/_pqloader_incomplete`` says so: left by a failure or a
+        kill beside the files finished, it makes :class:`ParquetDataset` refuse the folder
+        (:class:`pqloader.CorruptFileError`) rather than read part of the rows.
     """
     check_positive("rows_per_file", rows_per_file)
     check_positive("row_group_size", row_group_size)
@@ -122,16 +128,25 @@ def write_dataset(
     # failure half-way leaves the old dataset whole.
     staging = root / f".pqloader-staging-{uuid.uuid4().hex}" if existing else root
     staging.mkdir(exist_ok=True)
+    # While files appear in root, a marker says the folder is not a dataset yet: left by a
+    # failure or a kill, it makes opening the folder an error, not a dataset short of rows.
+    marker = root / INCOMPLETE
+    if staging == root:
+        marker.write_text(_MARKER_TEXT)
     try:
         paths = _write_files(data, root, staging, rows_per_file=rows_per_file,
                              row_group_size=row_group_size, compression=compression,
                              progress=progress)
         if staging != root:
+            marker.write_text(_MARKER_TEXT)  # the swap: old files go, new ones come
             for p in existing:
                 p.unlink()
             paths = [str(Path(p).replace(root / Path(p).name)) for p in paths]
         write_manifest(root, paths)  # opening the dataset then reads no footer
+        marker.unlink()
     except BaseException:
+        if not any(root.glob("part-*.parquet")):
+            marker.unlink(missing_ok=True)  # nothing written: nothing to warn of
         for folder in created:  # a failure leaves no empty folder this call made
             try:
                 folder.rmdir()  # refuses a folder that is not empty: finished files stay

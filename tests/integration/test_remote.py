@@ -89,6 +89,17 @@ def test_s3_manifest_opens_without_reading_footers(moto_s3: object, tmp_path: Pa
 
 
 
+def test_s3_a_folder_write_dataset_did_not_finish_refuses_to_open(moto_s3: object,
+                                                                   tmp_path: Path) -> None:
+    """Copied to the store as it was left (a failed or killed write): not read as a dataset
+    short of rows."""
+    pqloader.write_dataset(pa.table({"id": np.arange(10)}), tmp_path / "flat")
+    (tmp_path / "flat" / "_pqloader_incomplete").write_text("stopped")
+    url = moto_s3.upload_dir(tmp_path / "flat")  # type: ignore[attr-defined]
+    with pytest.raises(pqloader.CorruptFileError, match="did not finish"):
+        pqloader.ParquetDataset(url, storage_options=moto_s3.storage_options)  # type: ignore[attr-defined]
+
+
 def test_s3_warm_open_is_one_listing(s3_proxy: Callable[..., object], tmp_path: Path) -> None:
     # A folder URL ("/" at its end) is listed without asking whether it is one, and the
     # manifest comes from the cache (keyed by its ETag) once fetched.

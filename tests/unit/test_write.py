@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -398,10 +400,34 @@ def test_error_mid_stream_leaves_only_complete_files(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="source failed"):
         pqloader.write_dataset(batches(), root, rows_per_file=1000, row_group_size=200)
     names = _data_files(root)
-    assert names == [f"part-{i:05d}.parquet" for i in range(4)]  # no temp, no partial 5th
-    for i, name in enumerate(names):
+    # no temp, no partial 5th; the finished files, and the marker of a write not finished
+    assert names == ["_pqloader_incomplete", *(f"part-{i:05d}.parquet" for i in range(4))]
+    for i, name in enumerate(names[1:]):
         table = pq.read_table(root / name)
         assert table.column("id").to_pylist() == list(range(i * 1000, (i + 1) * 1000))
+    # they are not the dataset: opening the folder read them as one, 4,000 rows of 10,000
+    with pytest.raises(pqloader.CorruptFileError, match="write_dataset did not finish"):
+        pqloader.ParquetDataset(root)
+    assert len(pqloader.ParquetDataset(sorted(root.glob("part-*")))) == 4000  # asked for
+    pqloader.write_dataset(_table(10), root, overwrite=True)
+    assert _data_files(root) == ["_pqloader_manifest.json", "part-00000.parquet"]
+    assert len(pqloader.ParquetDataset(root)) == 10
+
+
+def test_a_write_killed_midway_leaves_a_folder_that_refuses_to_open(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    script = (f"import pqloader, os, pyarrow as pa\n"
+              f"def rows():\n"
+              f"    for i in range(10_000):\n"
+              f"        if i == 5_000:\n"
+              f"            os._exit(9)  # killed: no exception handler runs\n"
+              f"        yield {{'id': i}}\n"
+              f"pqloader.write_dataset(rows(), {str(root)!r}, rows_per_file=1000, "
+              f"row_group_size=500)\n")
+    assert subprocess.run([sys.executable, "-c", script], check=False).returncode == 9
+    assert len(list(root.glob("part-*.parquet"))) == 5
+    with pytest.raises(pqloader.CorruptFileError, match="_pqloader_incomplete"):
+        pqloader.ParquetDataset(root)
 
 
 def test_error_in_first_file_leaves_nothing(tmp_path: Path) -> None:
