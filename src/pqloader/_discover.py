@@ -31,7 +31,7 @@ from ._footers import (
 )
 from ._fs import ObjectInfo, Store
 from ._manifest import match_manifest, read_manifest
-from ._schema import hive_partition, partition_schema, unify, unviewed
+from ._schema import hive_partition, partition_schema, typed_first, unify, unviewed
 from ._signed import redact
 from ._sizes import fragment_bytes
 from ._sources import expand_source, list_remote
@@ -188,7 +188,7 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
             )
     row_filter = None
     if filter is not None:  # every file holds the first's columns, or unify says which lacks
-        row_filter = RowFilter.of(filter, pa.schema([*schemas[0][1], *part_schema]),
+        row_filter = RowFilter.of(filter, pa.schema([*typed_first(schemas), *part_schema]),
                                   f"{schemas[0][0]} (the first file)")
         if file_cols is not None:  # the filter's columns are read and unified, not shown
             file_cols += [c for c in row_filter.columns

@@ -259,7 +259,9 @@ class DataLoader:
         if dict(cursor.settings) == current:
             origin, batches = cursor.origin, cursor.batches
         elif cursor.batches == 0:  # nothing of that plan delivered: deal what it was dealt
-            origin, batches = cursor.origin, 0  # (its drop_last dropped no row twice)
+            # (its drop_last dropped no row twice), the old windows cut to this loader's
+            origin = None if cursor.origin is None else {**cursor.origin, "recut": True}
+            batches = 0
         else:
             origin = {"settings": dict(cursor.settings), "batches": cursor.batches,
                       "resumed_from": cursor.origin, "recut": True}

@@ -165,11 +165,22 @@ class Stages:
         """The files and row groups a window reads, for error messages: those holding the
         nulls of ``column`` (of the window, read order), when it has any."""
         slices = window.slices
-        if column is not None and column.null_count:
+        if column is not None and _nulls(column):
             starts = np.cumsum([0, *(s.num_rows for s in slices)])
             slices = tuple(s for s, at in zip(slices, starts.tolist(), strict=False)
-                           if column.slice(at, s.num_rows).null_count) or slices
+                           if _nulls(column.slice(at, s.num_rows))) or slices
         return "; ".join(self.reader.discovery.where(s.fragment) for s in slices)
+
+
+def _nulls(column: pa.ChunkedArray) -> int:
+    """The nulls a column's error is about: its own, and those in its lists' values (a null
+    list of variable length is no error: a row of length 0)."""
+    t = column.type
+    inside = sum(int(c.flatten().null_count) for c in column.chunks) \
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
+        else 0
+    own = 0 if pa.types.is_list(t) or pa.types.is_large_list(t) else int(column.null_count)
+    return own + inside
 
 
 def _slice(values: Any, start: int, stop: int) -> Any:
@@ -283,20 +294,24 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
 
 
 def _bounded(segments: Sequence[Segment], window_rows: int) -> Sequence[Segment]:
-    """``segments``, those of windows larger than ``window_rows`` makes (an old plan's, in a
-    resume with smaller windows) cut in parts of at most ``window_rows`` rows, each read on
-    its own (:meth:`Stages._load_part`): memory for a window of this plan's size, not the old
-    one's, at the cost of reading the old window's row groups once per part."""
+    """``segments``, the parts of windows larger than ``window_rows`` makes (an old plan's
+    that a resume with smaller windows found a worker in) cut in pieces of ``window_rows``
+    rows, or of the window's largest slice when larger (a window of this plan holds at least
+    one), each read on its own (:meth:`Stages._load_part`): memory for a window of this
+    plan's size, not the old one's, at the cost of reading the old window's row groups once
+    per piece. A whole window is read whole (a state saved before old windows were cut)."""
     if window_rows < 1:
         return segments
     out: list[Segment] = []
     for segment in segments:
         window = segment.window
-        if window.num_rows - window.slices[-1].num_rows < window_rows:  # one this plan makes
+        if (segment.start, segment.stop) == (0, window.num_rows) or \
+                window.num_rows - window.slices[-1].num_rows < window_rows:  # this plan's
             out.append(segment)
             continue
-        out.extend(Segment(window, a, min(a + window_rows, segment.stop))
-                   for a in range(segment.start, segment.stop, window_rows))
+        piece = max(window_rows, max(s.num_rows for s in window.slices))
+        out.extend(Segment(window, a, min(a + piece, segment.stop))
+                   for a in range(segment.start, segment.stop, piece))
     return out
 
 

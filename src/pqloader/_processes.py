@@ -61,8 +61,11 @@ class ProcessDelivery:
         # which then went on with the newer pass's batches (the two shared one epoch)
         this_pass = object()
         loader.pqloader_pass = this_pass
-        it = iter(loader)
+        it: Any = getattr(loader, "_iterator", None)  # a persistent one, once made
         try:
+            # inside: a persistent iterator's reset drains a pass broken off, and a worker
+            # that died or got stuck meanwhile must not leave it to every later epoch
+            it = iter(loader)
             if up is not None and w.timeout:
                 _await_start(it, up, w.num_workers, w.timeout)
             while True:

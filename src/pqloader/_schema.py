@@ -162,6 +162,23 @@ def field_index(schema: pa.Schema, name: str, path: str) -> int:
     return i
 
 
+def typed_first(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
+    """The first file's schema, each column typed ``null`` there taking the first type another
+    file gives it (what a filter is checked against: a null column has no kernels, and hides
+    that its values are floats)."""
+    first = schemas[0][1]
+    fields = []
+    for field in first:
+        if pa.types.is_null(field.type):
+            for _, schema in schemas[1:]:
+                i = schema.get_field_index(field.name)
+                if i >= 0 and not pa.types.is_null(schema.field(i).type):
+                    field = field.with_type(schema.field(i).type)
+                    break
+        fields.append(field)
+    return pa.schema(fields)
+
+
 def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | None) -> pa.Schema:
     """One schema for ``(path, schema)`` pairs, or an error naming two files that disagree."""
     first, base = schemas[0][0], schemas[0][1].remove_metadata()

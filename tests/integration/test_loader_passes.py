@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,34 @@ def test_persistent_processes_outlive_a_pass_broken_off(make_dataset: Any) -> No
         batches = list(loader)
         assert sorted(_ids(batches)) == list(range(ROWS))
         assert {b["pid"] for b in batches} <= pids and os.getpid() not in pids
+    finally:
+        del loader
+        gc.collect()
+
+
+def test_a_worker_dead_after_a_pass_broken_off_is_told_once(make_dataset: Any) -> None:
+    """The next pass's reset (it drains the pass broken off) failed outside the handling
+    that forgets dead workers: every later epoch failed ("exited unexpectedly")."""
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_type="process",
+                                 persistent_workers=True, transform=_with_pid)
+    try:
+        pids = set()
+        for k, batch in enumerate(loader):
+            pids.add(batch["pid"])
+            if k == 3:
+                break
+        try:
+            os.kill(min(pids), signal.SIGKILL)
+            time.sleep(1.0)
+        except RuntimeError:  # torch's SIGCHLD handler may tell it here already
+            pass
+        loader.set_epoch(1)
+        with pytest.raises(RuntimeError, match=r"exited unexpectedly|killed"):
+            list(loader)
+        for epoch in (2, 3):
+            loader.set_epoch(epoch)
+            assert sorted(_ids(loader)) == list(range(ROWS))
     finally:
         del loader
         gc.collect()

@@ -358,3 +358,30 @@ def test_an_elastic_state_saved_before_windows_were_cut_keeps_its_plan(
     d.load_state_dict(json.loads(json.dumps(c.state_dict())))
     rest = [i for batch in [*mid, *_take(d)] for i in batch]
     assert sorted(head + rest) == list(range(2000))
+
+
+@pytest.mark.parametrize("new_window", [10, 500, 2000])
+def test_a_resume_into_windows_smaller_than_a_row_group_reads_each_about_once(
+        make_dataset: Any, new_window: int) -> None:
+    """The window a worker was in, cut in pieces of the new window's rows, read its row groups
+    once per piece: 769 reads for 4 row groups when the new window was 10 rows."""
+    path = make_dataset(8000, rows_per_file=4000, row_group_size=2000)
+    kw: dict[str, Any] = {"shuffle": True, "seed": 2, "batch_size": 100, "num_workers": 0}
+    a = pqloader.DataLoader(pqloader.ParquetDataset(path), shuffle_window_rows=4000, **kw)
+    head = [i for b in _take(a, 5) for i in b]
+    ds = pqloader.ParquetDataset(path)  # its own reader: a's reads ahead may still run
+    b = pqloader.DataLoader(ds, shuffle_window_rows=new_window, **kw)
+    b.load_state_dict(a.state_dict())
+    reads = []
+    read = ds.reader.read
+
+    def counted(fragment: int) -> Any:
+        reads.append(fragment)
+        return read(fragment)
+
+    ds.reader.read = counted  # type: ignore[method-assign]
+    rest = [i for batch in _take(b) for i in batch]
+    assert sorted(head + rest) == list(range(8000))
+    # the window it was in: its 2 row groups per piece of 2,000 rows (2 pieces); the next
+    # window's 2 read once, cut to the new size or whole
+    assert len(reads) <= 2 * 2 + 2, reads

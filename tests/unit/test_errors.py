@@ -414,9 +414,15 @@ def test_verify_checksums_catches_a_corrupt_page(tmp_path: Path) -> None:
     assert str(path) in str(info.value)
 
 
-def test_nulls_in_a_window_name_the_row_groups_that_hold_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("values", [
+    pa.array([None if i == 130 else i for i in range(400)], pa.int64()),
+    # a null list (a row of length 0, no error) in row group 0, a null value in row group 2
+    pa.array([None if i == 3 else [i, None] if i == 130 else [i] for i in range(400)],
+             pa.list_(pa.int64())),
+])
+def test_nulls_in_a_window_name_the_row_groups_that_hold_them(tmp_path: Path,
+                                                              values: pa.Array) -> None:
     """The note named every row group of the shuffle window (dozens, with 64 MiB windows)."""
-    values = pa.array([None if i == 130 else i for i in range(400)], pa.int64())
     pq.write_table(pa.table({"v": values}), tmp_path / "a.parquet", row_group_size=50)
     ds = pqloader.ParquetDataset(tmp_path)
     loader = pqloader.DataLoader(ds, batch_size=40, shuffle=True, shuffle_window_rows=400,

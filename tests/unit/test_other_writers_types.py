@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -200,3 +201,22 @@ def test_a_type_clash_names_the_file_that_typed_the_column(tmp_path: Path) -> No
                        match=r"'text' is large_string in .*c-values\.parquet but int64 in "
                              r".*d-ints\.parquet"):
         pqloader.ParquetDataset(tmp_path)
+
+
+def test_a_filter_sees_the_type_a_column_typed_null_first_takes(tmp_path: Path) -> None:
+    """Checked against the first file's types, a filter of a column typed null there failed
+    to bind ("no kernel matching input types (null)"), or pruned a row group of NaN floats by
+    its statistics as if the column held none (rows lost)."""
+    pq.write_table(pa.table({"id": pa.array([], pa.int64()), "x": pa.nulls(0),
+                             "s": pa.nulls(0)}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [1, 2], "x": [1.0, float("nan")], "s": ["ab", "cd"]}),
+                   tmp_path / "b.parquet")
+    pq.write_table(pa.table({"id": [3], "x": [3.0], "s": ["ax"]}), tmp_path / "c.parquet")
+
+    def kept(keep: Any) -> list[int]:
+        ds = pqloader.ParquetDataset(tmp_path, filter=keep)
+        return sorted(r["id"] for r in ds.__getitems__(range(len(ds))))
+
+    assert kept([("x", "!=", 1.0)]) == [2, 3]  # NaN != 1.0: kept, as pyarrow keeps it
+    assert kept([("s", "in", ["ab"])]) == [1]
+    assert kept(pc.starts_with(pc.field("s"), "a")) == [1, 3]
