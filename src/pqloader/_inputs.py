@@ -62,7 +62,8 @@ def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.Re
     return schema, gen()
 
 
-def _check_keys(chunk: list[Any], names: frozenset[str], first_row: int) -> None:
+def _check_keys(chunk: list[Any], names: frozenset[str], first_row: int,
+                whose: str = "the first row") -> None:
     # pyarrow takes the columns from the first row's keys and drops other keys silently.
     for k, row in enumerate(chunk):
         if not isinstance(row, dict):
@@ -71,52 +72,70 @@ def _check_keys(chunk: list[Any], names: frozenset[str], first_row: int) -> None
         if not row.keys() <= names:
             extra = sorted(map(str, row.keys() - names))
             raise DataError(
-                f"row {first_row + k} has keys {extra} that the first row lacks (it has "
-                f"{sorted(names)}); give every row the same keys, or write a pyarrow Table "
-                "with an explicit schema"
+                f"row {first_row + k} has keys {extra} that {whose} lacks (it has "
+                f"{sorted(names)}); give every row the same keys, or give write_dataset a "
+                "schema= that holds them all"
             )
 
 
-def _dict_batches(first: dict[str, Any], rest: Iterator[Any],
-                  chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
+                  given: pa.Schema | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     rows = itertools.chain([first], rest)
     head = list(itertools.islice(rows, chunk_rows))
-    names = frozenset(first)  # as pyarrow: the columns are the first row's keys
-    _check_keys(head, names, 0)
-    try:
-        first_table = pa.Table.from_pylist(head)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise DataError(
-            f"the first {len(head)} rows do not make one table: {exc}; make every row's "
-            "values of a key the same type"
-        ) from exc
-    schema = first_table.schema
+    # as pyarrow, without a schema: the columns are the first row's keys, the types the
+    # first rows'; with one, every chunk is converted to it, the first too (a key may lack)
+    names = frozenset(first) if given is None else frozenset(given.names)
+    whose = "the first row" if given is None else "the schema"
+    _check_keys(head, names, 0, whose)
+    inferred_head, schema = None, given
+    if schema is None:
+        try:
+            inferred_head = pa.Table.from_pylist(head)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise DataError(
+                f"the first {len(head)} rows do not make one table: {exc}; make every row's "
+                "values of a key the same type, or give write_dataset a schema="
+            ) from exc
+        schema = inferred_head.schema
+    source = "given by schema=" if given is not None else (
+        f"was taken from the first {len(head)} rows: make those carry the wider type (e.g. "
+        "1.0, not 1), or give write_dataset a schema=")
 
     def gen() -> Iterator[pa.RecordBatch]:
-        yield from first_table.to_batches()
-        done = len(head)
-        while chunk := list(itertools.islice(rows, chunk_rows)):
-            _check_keys(chunk, names, done)
-            try:  # every column inferred at once; one that fails is found and named below
-                inferred = pa.Table.from_struct_array(pa.array(chunk))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-                inferred = None
-            columns = []
-            for field in schema:
-                try:
-                    columns.append(_column(chunk, field, inferred))
-                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
-                        OverflowError) as exc:
-                    raise DataError(
-                        f"rows {done}..{done + len(chunk) - 1}, column {field.name!r}: {exc}; "
-                        f"its type, {field.type}, was taken from the first {len(head)} rows: "
-                        "make those carry the wider type (e.g. 1.0, not 1), or write a "
-                        "pyarrow Table with an explicit schema"
-                    ) from exc
+        done = 0
+        chunk = head
+        while chunk:
+            if done:
+                _check_keys(chunk, names, done, whose)
+            if done == 0 and inferred_head is not None:
+                yield from inferred_head.to_batches()
+            else:
+                yield from _convert(chunk, schema, done, source).to_batches()
             done += len(chunk)
-            yield from pa.Table.from_arrays(columns, schema=schema).to_batches()
+            chunk = list(itertools.islice(rows, chunk_rows))
 
     return schema, gen()
+
+
+def _convert(chunk: list[dict[str, Any]], schema: pa.Schema, done: int,
+             source: str) -> pa.Table:
+    """Rows ``done ..`` as ``schema``'s types, or the DataError naming the column that does
+    not fit them (``source``: where those types came from, and what to do)."""
+    try:  # every column inferred at once; one that fails is found and named below
+        inferred = pa.Table.from_struct_array(pa.array(chunk))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        inferred = None
+    columns = []
+    for field in schema:
+        try:
+            columns.append(_column(chunk, field, inferred))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
+                OverflowError) as exc:
+            raise DataError(
+                f"rows {done}..{done + len(chunk) - 1}, column {field.name!r}: {exc}; "
+                f"its type, {field.type}, {source}"
+            ) from exc
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _column(chunk: list[dict[str, Any]], field: pa.Field,
@@ -138,9 +157,26 @@ def _column(chunk: list[dict[str, Any]], field: pa.Field,
 
 
 def as_batches(
-    data: Any, chunk_rows: int
+    data: Any, chunk_rows: int, schema: pa.Schema | None = None
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
-    """Normalise any supported input to (schema, stream of record batches, rows if known)."""
+    """Normalise any supported input to (schema, stream of record batches, rows if known).
+
+    With ``schema``, that is the schema: the batches are the input's (the caller conforms
+    them, :func:`conform`), but dicts are converted to it from the first row on.
+    """
+    if schema is not None and not isinstance(schema, pa.Schema):
+        raise InvalidArgumentError(
+            f"schema must be a pyarrow.Schema, got {type(schema).__name__} (e.g. "
+            "pa.schema({'id': pa.int64(), 'text': pa.string()}))")
+    if schema is not None and len(set(schema.names)) != len(schema.names):
+        raise InvalidArgumentError(f"schema= names a column twice: {schema.names}")
+    found, batches, total = _as_batches(data, chunk_rows, schema)
+    return schema or found, batches, total
+
+
+def _as_batches(
+    data: Any, chunk_rows: int, given: pa.Schema | None
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
     if isinstance(data, pa.Table):
         return data.schema, iter(data.to_batches(max_chunksize=chunk_rows)), data.num_rows
     if isinstance(data, pa.RecordBatch):
@@ -152,9 +188,9 @@ def as_batches(
         schema, batches = _pandas_batches(data, chunk_rows)
         return schema, batches, len(data)
     if module == "polars" and hasattr(data, "to_arrow"):
-        return as_batches(data.to_arrow(), chunk_rows)
+        return _as_batches(data.to_arrow(), chunk_rows, given)
     if hasattr(data, "__arrow_c_stream__"):
-        return as_batches(pa.RecordBatchReader.from_stream(data), chunk_rows)
+        return _as_batches(pa.RecordBatchReader.from_stream(data), chunk_rows, given)
     if isinstance(data, Iterable) and not isinstance(data, (str, bytes, dict)):
         it = iter(data)
         first = next(it, None)
@@ -163,7 +199,7 @@ def as_batches(
         if isinstance(first, pa.RecordBatch):
             return first.schema, itertools.chain([first], it), None
         if isinstance(first, dict):
-            schema, batches = _dict_batches(first, it, chunk_rows)
+            schema, batches = _dict_batches(first, it, chunk_rows, given)
             return schema, batches, None
         raise InvalidArgumentError(
             f"an iterable of {type(first).__name__} cannot be written; give dicts or "
@@ -175,14 +211,16 @@ def as_batches(
     )
 
 
-def conform(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.RecordBatch:
-    """A later record batch as the first one's schema: columns by name, types cast safely."""
+def conform(batch: pa.RecordBatch, schema: pa.Schema, number: int,
+            whose: str = "the first had") -> pa.RecordBatch:
+    """A later record batch as the first one's schema (or the one given, ``whose`` says):
+    columns by name, types cast safely."""
     names, first = batch.schema.names, schema.names
     if names != first:
         if sorted(names) != sorted(first) or len(set(names)) != len(names):
             extra, missing = sorted(set(names) - set(first)), sorted(set(first) - set(names))
             why = [f"extra {extra}"] * bool(extra) + [f"missing {missing}"] * bool(missing)
-            raise DataError(f"record batch {number} (from 0) has columns {names}, the first had "
+            raise DataError(f"record batch {number} (from 0) has columns {names}, {whose} "
                             f"{first} ({', '.join(why) or 'a name twice'}); give every batch "
                             "the same columns")
         batch = batch.select(first)  # the same names in another order
@@ -191,7 +229,8 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.RecordB
     try:
         return batch.cast(schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, NotImplementedError) as exc:
-        odd = "; ".join(f"column {f.name!r} is {f.type}, the first had {g.type}"
+        odd = "; ".join(f"column {f.name!r} is {f.type}, {whose} {g.type}"
                         for f, g in zip(batch.schema, schema, strict=True) if f.type != g.type)
         raise DataError(f"record batch {number} (from 0): {odd or 'its schema differs'}: "
-                        f"{exc}; give every batch the first one's types") from exc
+                        f"{exc}; give every batch the same types, or write_dataset a schema= "
+                        "that holds them") from exc

@@ -77,6 +77,7 @@ def write_dataset(
     compression: str = "snappy",
     overwrite: bool = False,
     progress: bool | None = None,
+    schema: pa.Schema | None = None,
 ) -> list[str]:
     """Write ``data`` as a sharded Parquet dataset, streaming, one file at a time.
 
@@ -95,6 +96,10 @@ def write_dataset(
             ones are complete (a failure leaves the old dataset whole); otherwise a directory
             holding data files is refused.
         progress: show a tqdm bar; default: when stderr is a terminal.
+        schema: the columns and their types (``pyarrow.Schema``); default: the input's, or
+            for dicts and record batches the first ones'. Give it when the first rows
+            cannot tell (a key that is None in all of them is typed ``null`` and holds no
+            later value). Each batch is cast to it safely, by column name.
 
     Returns:
         The paths written. Each file appears under its final name only once complete. Until
@@ -136,7 +141,7 @@ def write_dataset(
     try:
         paths = _write_files(data, root, staging, rows_per_file=rows_per_file,
                              row_group_size=row_group_size, compression=compression,
-                             progress=progress)
+                             progress=progress, schema=schema)
         if staging != root:
             marker.write_text(_MARKER_TEXT)  # the swap: old files go, new ones come
             for p in existing:
@@ -160,8 +165,10 @@ def write_dataset(
 
 
 def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
-                 row_group_size: int, compression: str, progress: bool | None) -> list[str]:
-    schema, batches, total = as_batches(data, row_group_size)
+                 row_group_size: int, compression: str, progress: bool | None,
+                 schema: pa.Schema | None) -> list[str]:
+    whose = "the first had" if schema is None else "schema= has"
+    schema, batches, total = as_batches(data, row_group_size, schema)
     if not len(schema):  # its batches hold rows but no column: their files never filled up
         raise DataError("the input has no column; give it at least one")
     twice = sorted({n for n in schema.names if schema.names.count(n) > 1})
@@ -192,7 +199,7 @@ def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
     try:
         for number, batch in enumerate(batches):
             if not batch.schema.equals(schema):
-                batch = conform(batch, schema, number)
+                batch = conform(batch, schema, number, whose)
             buffered.append(batch)
             buffered_rows += batch.num_rows
             flush(final=False)

@@ -512,3 +512,39 @@ def test_a_column_named_twice_is_refused(tmp_path: Path) -> None:
 def test_a_url_is_refused_with_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(pqloader.InvalidArgumentError, match="writes to a local folder"):
         pqloader.write_dataset(pa.table({"a": [1]}), "memory://bucket/ds")
+
+
+# -- schema= --------------------------------------------------------------------------------------
+def test_dicts_whose_first_rows_leave_a_key_none_take_a_schema(tmp_path: Path) -> None:
+    """A key None in all of the first rows was typed null, and a later value refused: a
+    stream of dicts had no way to say the type."""
+    rows = [{"id": i, "note": None if i < 30 else f"n{i}"} for i in range(40)]
+    with pytest.raises(pqloader.DataError, match=r"rows 30\.\.39, column 'note'.*schema="):
+        pqloader.write_dataset(iter(rows), tmp_path / "a", row_group_size=10)
+    schema = pa.schema({"id": pa.int64(), "note": pa.string(), "extra": pa.float32()})
+    pqloader.write_dataset(iter(rows), tmp_path / "b", row_group_size=10, schema=schema)
+    table = pq.read_table(tmp_path / "b")
+    assert table.schema == schema  # a key no row has: a column of nulls
+    assert table.column("note").to_pylist() == [r["note"] for r in rows]
+    with pytest.raises(pqloader.DataError, match=r"row 0 has keys \['note'\] that the schema"):
+        pqloader.write_dataset(iter(rows), tmp_path / "c", schema=pa.schema({"id": pa.int64()}))
+    with pytest.raises(pqloader.DataError, match=r"rows 0\.\.9, column 'id'.*given by schema="):
+        pqloader.write_dataset(iter(rows), tmp_path / "d", row_group_size=10,
+                               schema=pa.schema({"id": pa.bool_(), "note": pa.string()}))
+
+
+def test_tables_frames_and_batches_are_cast_to_a_schema(tmp_path: Path) -> None:
+    schema = pa.schema({"note": pa.string(), "id": pa.int64()})  # another order, too
+    frame = pd.DataFrame({"id": np.arange(4, dtype=np.int32), "note": [None] * 4})
+    pqloader.write_dataset(frame, tmp_path / "pandas", schema=schema)
+    assert pq.read_schema(tmp_path / "pandas" / "part-00000.parquet").remove_metadata() == schema
+    batches = [pa.record_batch({"id": pa.array([1], pa.int32()), "note": pa.nulls(1)}),
+               pa.record_batch({"id": pa.array([2], pa.int32()), "note": ["b"]})]
+    pqloader.write_dataset(batches, tmp_path / "batches", schema=schema)
+    assert pq.read_table(tmp_path / "batches").to_pylist() == [{"note": None, "id": 1},
+                                                             {"note": "b", "id": 2}]
+    with pytest.raises(pqloader.DataError, match="column 'id' is double, schema= has int64"):
+        pqloader.write_dataset(pa.table({"id": [1.5], "note": ["x"]}), tmp_path / "lossy",
+                               schema=schema)
+    with pytest.raises(pqloader.InvalidArgumentError, match=r"schema must be a pyarrow\.Schema"):
+        pqloader.write_dataset(frame, tmp_path / "bad", schema={"id": "int64"})  # type: ignore[arg-type]
