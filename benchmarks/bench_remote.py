@@ -48,6 +48,8 @@ def run_child(method: str, args: argparse.Namespace) -> dict[str, Any]:
     dataset (a fresh process's whole cost), the later ones alone (a job's steady state)."""
     import time
 
+    import torch  # noqa: F401  (a once-per-process cost: pqloader imports it lazily)
+
     import pqloader
 
     options = json.loads(args.storage_options)

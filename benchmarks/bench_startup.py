@@ -109,6 +109,8 @@ def run_floor(path: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int) -> dict[str, Any]:
     """ParquetDataset, DataLoader and the first shuffled batch, each timed."""
+    import torch  # noqa: F401  (a once-per-process cost, as before: pqloader imports it lazily)
+
     import pqloader
 
     t0 = time.perf_counter()

@@ -137,6 +137,8 @@ def run_naive(path: Path, args: argparse.Namespace, num_workers: int) -> dict[st
 def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int | str,
                  worker_type: str = "thread") -> dict[str, Any]:
     """pqloader's DataLoader, shuffled, every batch consumed; the dataset's opening is timed."""
+    import torch  # noqa: F401  (a once-per-process cost, as before: pqloader imports it lazily)
+
     import pqloader
 
     t0 = time.perf_counter()

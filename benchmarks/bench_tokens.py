@@ -206,6 +206,8 @@ def consume(batch: dict[str, Any]) -> dict[str, int]:
 
 def run_pqloader(path: Path, args: argparse.Namespace, num_workers: int) -> dict[str, Any]:
     """pqloader's DataLoader, shuffled, every batch consumed; the dataset's opening is timed."""
+    import torch  # noqa: F401  (a once-per-process cost, as before: pqloader imports it lazily)
+
     import pqloader
 
     t0 = time.perf_counter()
