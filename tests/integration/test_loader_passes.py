@@ -97,17 +97,24 @@ def _with_pid(batch: dict[str, Any]) -> dict[str, Any]:
     return {**batch, "pid": os.getpid()}
 
 
-def test_persistent_processes_outlive_a_pass_broken_off(make_dataset: Any) -> None:
-    """A break (or a dropped iterator) shut them down: each later epoch started new ones."""
+def _broken_off(make_dataset: Any) -> tuple[pqloader.DataLoader, set[int]]:
+    """A loader of persistent worker processes whose first pass was broken off after 4
+    batches, and the worker pids that made them."""
     ds = pqloader.ParquetDataset(make_dataset(ROWS))
     loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_type="process",
                                  persistent_workers=True, transform=_with_pid)
+    pids = set()
+    for k, batch in enumerate(loader):
+        pids.add(batch["pid"])
+        if k == 3:
+            break
+    return loader, pids
+
+
+def test_persistent_processes_outlive_a_pass_broken_off(make_dataset: Any) -> None:
+    """A break (or a dropped iterator) shut them down: each later epoch started new ones."""
+    loader, pids = _broken_off(make_dataset)
     try:
-        pids = set()
-        for k, batch in enumerate(loader):
-            pids.add(batch["pid"])
-            if k == 3:
-                break
         loader.set_epoch(1)
         batches = list(loader)
         assert sorted(_ids(batches)) == list(range(ROWS))
@@ -120,15 +127,8 @@ def test_persistent_processes_outlive_a_pass_broken_off(make_dataset: Any) -> No
 def test_a_worker_dead_after_a_pass_broken_off_is_told_once(make_dataset: Any) -> None:
     """The next pass's reset (it drains the pass broken off) failed outside the handling
     that forgets dead workers: every later epoch failed ("exited unexpectedly")."""
-    ds = pqloader.ParquetDataset(make_dataset(ROWS))
-    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_type="process",
-                                 persistent_workers=True, transform=_with_pid)
+    loader, pids = _broken_off(make_dataset)
     try:
-        pids = set()
-        for k, batch in enumerate(loader):
-            pids.add(batch["pid"])
-            if k == 3:
-                break
         try:
             os.kill(min(pids), signal.SIGKILL)
             time.sleep(1.0)
