@@ -234,10 +234,9 @@ class DataLoader:
         padding, as always) and no yielded row comes again; the order of those rows is new,
         in windows of this loader's size (the old windows are cut to it: a memory budget
         holds). Either way at most one shuffle window per worker is read before the first
-        batch. A
-        loader whose window size is automatic (no ``shuffle_window_rows``) takes the state's,
-        unless that would pass its ``memory_budget_bytes``: the automatic size may differ
-        between pqloader versions.
+        batch. A loader whose window size is automatic (no ``shuffle_window_rows``) takes
+        the state's, unless that would pass its ``memory_budget_bytes``: the automatic size
+        may differ between pqloader versions.
 
         Raises:
             StateMismatchError: the state is from another dataset or other settings.
