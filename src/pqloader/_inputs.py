@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ._casts import cast_exactly, keeps_values, same_values
 from ._errors import DataError, InvalidArgumentError
 
 _UNNAMED_INDEX = re.compile(r"__index_level_\d+__")
@@ -135,25 +136,40 @@ def _convert(chunk: list[dict[str, Any]], schema: pa.Schema, done: int,
                 f"rows {done}..{done + len(chunk) - 1}, column {field.name!r}: {exc}; "
                 f"its type, {field.type}, {source}"
             ) from exc
-    return pa.Table.from_arrays(columns, schema=schema)
+    return _not_null(pa.Table.from_arrays(columns, schema=schema),
+                     f"rows {done}..{done + len(chunk) - 1}")
 
 
 def _column(chunk: list[dict[str, Any]], field: pa.Field,
             inferred: pa.Table | None) -> pa.ChunkedArray | pa.Array:
     """The chunk's values of ``field`` as its type, refused (raised) where one would change."""
-    # Given the type, pyarrow converts 2.5 into an int64 column as 2, silently; inferred and
-    # then cast safely, it refuses. The typed conversion still runs, where the types differ,
-    # because it refuses what a cast would coerce: "1" or True into an int64 column.
+    # Given the type, pyarrow converts 2.5 into an int64 column as 2 and drops a struct's keys
+    # the type lacks, silently: the values are inferred, then changed only within their kind
+    # (_casts.py). The typed conversion still runs, as a check, because it refuses what such
+    # a cast would coerce. Where the kinds differ (ints for decimals, dicts for a map, ints past
+    # int64 for uint64), its values are compared with the rows' own.
     def values() -> list[Any]:
         return [row.get(field.name) for row in chunk]
 
-    column = inferred.column(field.name) if inferred is not None \
-        and field.name in inferred.column_names else pa.array(values())
-    if column.type == field.type:
+    try:
+        column = inferred.column(field.name) if inferred is not None \
+            and field.name in inferred.column_names else pa.array(values())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        column = None  # no one type holds them as they are (ints past int64)
+    if column is not None and column.type == field.type:
         return column
-    if not pa.types.is_null(column.type):  # only None: any type holds it
-        pa.array(values(), type=field.type)
-    return column.cast(field.type, safe=True)
+    if column is not None and keeps_values(column.type, field.type):
+        if not pa.types.is_null(column.type):  # only None: any type holds it
+            pa.array(values(), type=field.type)
+        try:
+            return cast_exactly(column, field.type)
+        except ValueError as exc:
+            raise pa.ArrowInvalid(str(exc)) from exc
+    typed = pa.array(values(), type=field.type)
+    if not same_values(values(), typed.to_pylist(), field.type):
+        kind = "values" if column is None else f"{column.type} values"
+        raise pa.ArrowInvalid(f"its {kind} would not stay the same as {field.type}")
+    return typed
 
 
 def as_batches(
@@ -170,6 +186,8 @@ def as_batches(
             "pa.schema({'id': pa.int64(), 'text': pa.string()}))")
     if schema is not None and len(set(schema.names)) != len(schema.names):
         raise InvalidArgumentError(f"schema= names a column twice: {schema.names}")
+    if schema is not None and not len(schema):
+        raise InvalidArgumentError("schema= has no column; give the columns to write")
     found, batches, total = _as_batches(data, chunk_rows, schema)
     return schema or found, batches, total
 
@@ -226,11 +244,23 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, number: int,
         batch = batch.select(first)  # the same names in another order
         if batch.schema.equals(schema):
             return batch
-    try:
-        return batch.cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, NotImplementedError) as exc:
-        odd = "; ".join(f"column {f.name!r} is {f.type}, {whose} {g.type}"
-                        for f, g in zip(batch.schema, schema, strict=True) if f.type != g.type)
-        raise DataError(f"record batch {number} (from 0): {odd or 'its schema differs'}: "
-                        f"{exc}; give every batch the same types, or write_dataset a schema= "
-                        "that holds them") from exc
+    columns = []
+    for column, f, g in zip(batch.columns, batch.schema, schema, strict=True):
+        try:  # within the values' kind only (_casts.py): Arrow's cast parses "007" as 7
+            columns.append(column if f.type.equals(g.type) else cast_exactly(column, g.type))
+        except (ValueError, pa.ArrowInvalid, pa.ArrowTypeError, NotImplementedError) as exc:
+            raise DataError(f"record batch {number} (from 0): column {f.name!r} is {f.type}, "
+                            f"{whose} {g.type}: {exc}; convert it before writing, or give "
+                            "write_dataset a schema= that holds it") from exc
+    return _not_null(pa.RecordBatch.from_arrays(columns, schema=schema),
+                     f"record batch {number} (from 0)")
+
+
+def _not_null(batch: Any, where: str) -> Any:
+    """``batch`` (a RecordBatch or Table), or the DataError naming a column declared not null
+    that holds nulls (Arrow builds it, and the Parquet writer fails later, files written)."""
+    for f, column in zip(batch.schema, batch.columns, strict=True):
+        if not f.nullable and column.null_count:
+            raise DataError(f"{where}, column {f.name!r}: {column.null_count:,} nulls in a column "
+                            "declared not null; fill them, or declare the field nullable")
+    return batch

@@ -35,6 +35,8 @@ def _walk(root: Path) -> list[Path]:
             dirnames[:] = []
             continue
         seen.add(real)
+        if INCOMPLETE in filenames:  # a partition folder a write_dataset did not finish
+            raise incomplete_error(dirpath)
         dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
         found.extend(Path(dirpath) / f for f in sorted(filenames) if not is_hidden(f))
     return found
@@ -63,6 +65,9 @@ def _glob(pattern: str) -> list[Path]:
         below = match[fixed:].split(os.sep)
         if os.path.isfile(match) and not any(is_hidden(part) for part in below if part):
             out.append(Path(match))
+    for folder in sorted({p.parent for p in out}):  # files of a write_dataset not finished
+        if (folder / INCOMPLETE).exists():
+            raise incomplete_error(str(folder))
     return out
 
 
@@ -82,9 +87,7 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
             return files, None
         path = Path(text)
         if path.is_dir():
-            if (path / INCOMPLETE).exists():
-                raise incomplete_error(str(path))
-            files = _walk(path)
+            files = _walk(path)  # refuses a folder (or one below) write_dataset did not finish
             if not files:
                 raise EmptyDatasetError(
                     f"{path}: the directory holds no data file (names starting with '_' or '.' "
@@ -132,8 +135,8 @@ def list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | N
         rel = obj.path[len(root) + 1:] if obj.path.startswith(root + "/") else obj.path
         if rel == MANIFEST_NAME:
             manifest = obj
-        elif rel == INCOMPLETE:
-            raise incomplete_error(source)
+        elif rel.rsplit("/", 1)[-1] == INCOMPLETE:  # in the folder or a partition below
+            raise incomplete_error(f"{root}/{rel.rpartition('/')[0]}".rstrip("/"))
         elif not any(is_hidden(part) for part in rel.split("/")):
             data.append(obj)
     if not data:

@@ -138,19 +138,22 @@ def write_dataset(
     marker = root / INCOMPLETE
     if staging == root:
         marker.write_text(_MARKER_TEXT)
-    try:
+    swapping = False  # old files going, new ones coming: a failure keeps both the marker and
+    try:  # the staged files (the new dataset, whole, for whoever picks up the pieces)
         paths = _write_files(data, root, staging, rows_per_file=rows_per_file,
                              row_group_size=row_group_size, compression=compression,
                              progress=progress, schema=schema)
         if staging != root:
-            marker.write_text(_MARKER_TEXT)  # the swap: old files go, new ones come
+            marker.write_text(_MARKER_TEXT)
+            swapping = True
             for p in existing:
                 p.unlink()
             paths = [str(Path(p).replace(root / Path(p).name)) for p in paths]
         write_manifest(root, paths)  # opening the dataset then reads no footer
         marker.unlink()
+        swapping = False
     except BaseException:
-        if not any(root.glob("part-*.parquet")):
+        if not swapping and not any(root.glob("part-*.parquet")):
             marker.unlink(missing_ok=True)  # nothing written: nothing to warn of
         for folder in created:  # a failure leaves no empty folder this call made
             try:
@@ -159,7 +162,7 @@ def write_dataset(
                 break
         raise
     finally:
-        if staging != root:
+        if staging != root and not swapping:
             shutil.rmtree(staging, ignore_errors=True)
     return paths
 

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -548,3 +549,82 @@ def test_tables_frames_and_batches_are_cast_to_a_schema(tmp_path: Path) -> None:
                                schema=schema)
     with pytest.raises(pqloader.InvalidArgumentError, match=r"schema must be a pyarrow\.Schema"):
         pqloader.write_dataset(frame, tmp_path / "bad", schema={"id": "int64"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("values", "to"), [
+    (pa.array(["007"]), pa.int64()),  # Arrow's cast parses text: 7
+    (pa.array([True]), pa.int64()),
+    (pa.array([1]), pa.string()),
+    (pa.array([1e300]), pa.float32()),  # inf
+    (pa.array([1.2345]), pa.decimal128(10, 2)),  # rounded
+    (pa.array([{"a": 1, "c": 5}]), pa.struct([("a", pa.int64())])),  # c dropped
+    (pa.array([2.5]), pa.int64()),
+])
+def test_a_cast_that_would_change_values_is_refused(tmp_path: Path, values: pa.Array,
+                                                    to: pa.DataType) -> None:
+    """Tables, batches and frames were cast to schema= (or to the first batch's types) by
+    Arrow, which parses, formats, rounds and drops: written silently, other values."""
+    with pytest.raises(pqloader.DataError, match=r"column 'x' is .*, schema= has"):
+        pqloader.write_dataset(pa.table({"x": values}), tmp_path / "a",
+                               schema=pa.schema({"x": to}))
+    batches = [pa.record_batch({"x": pa.array([None], to)}), pa.record_batch({"x": values})]
+    with pytest.raises(pqloader.DataError, match=r"record batch 1 .*, the first had"):
+        pqloader.write_dataset(batches, tmp_path / "b")
+
+
+def test_casts_within_a_kind_keep_their_values(tmp_path: Path) -> None:
+    table = pa.table({"i": pa.array([1, 2], pa.int32()), "f": [1.5, 2.0], "g": [1.0, 3.0],
+                      "s": ["a", "b"], "t": pa.array([1, 2], pa.timestamp("s"))})
+    schema = pa.schema({"i": pa.int64(), "f": pa.float32(), "g": pa.int8(),
+                        "s": pa.large_string(), "t": pa.timestamp("ms")})
+    pqloader.write_dataset(table, tmp_path / "a", schema=schema)
+    back = pq.read_table(tmp_path / "a")
+    assert back.schema.remove_metadata() == schema
+    assert back.cast(table.schema).equals(table)
+
+
+def test_dicts_take_a_schema_of_other_kinds_where_values_stay(tmp_path: Path) -> None:
+    """uint64 past int64, a map from dicts, ints as decimals: pyarrow holds them given the
+    type, and they were refused (only a cast of the inferred values was tried)."""
+    rows = [{"u": 2**63 + 1, "m": {"k": 1}, "d": 1, "i": 2.0}]
+    schema = pa.schema({"u": pa.uint64(), "m": pa.map_(pa.string(), pa.int64()),
+                        "d": pa.decimal128(10, 2), "i": pa.int64()})
+    pqloader.write_dataset(iter(rows), tmp_path / "a", schema=schema)
+    assert pq.read_table(tmp_path / "a").to_pylist() == [
+        {"u": 2**63 + 1, "m": [("k", 1)], "d": Decimal("1.00"), "i": 2}]
+    for bad in ({"x": {"a": 1, "c": 5}}, {"x": {"a": 2.5}}):
+        with pytest.raises(pqloader.DataError, match=r"rows 0\.\.0, column 'x'"):
+            pqloader.write_dataset([bad], tmp_path / "b",
+                                   schema=pa.schema({"x": pa.struct([("a", pa.int64())])}))
+
+
+def test_a_field_declared_not_null_refuses_nulls_by_name(tmp_path: Path) -> None:
+    """They failed in the Parquet writer, files written, with pyarrow's error."""
+    schema = pa.schema([pa.field("x", pa.int64(), nullable=False)])
+    with pytest.raises(pqloader.DataError, match=r"rows 0\.\.1, column 'x': 1 nulls"):
+        pqloader.write_dataset([{"x": 1}, {"x": None}], tmp_path / "a", schema=schema)
+    with pytest.raises(pqloader.DataError, match=r"record batch 0 \(from 0\), column 'x'"):
+        pqloader.write_dataset(pa.table({"x": [1, None]}), tmp_path / "b", schema=schema)
+    with pytest.raises(pqloader.InvalidArgumentError, match="no column"):
+        pqloader.write_dataset(pa.table({"x": [1]}), tmp_path / "c", schema=pa.schema([]))
+
+
+def test_a_partition_folder_write_dataset_did_not_finish_refuses_its_root(
+        tmp_path: Path) -> None:
+    """Partitions written one at a time: one failed, and the root opened with its rows
+    missing."""
+    pqloader.write_dataset(pa.table({"id": np.arange(10)}), tmp_path / "split=a")
+
+    def failing() -> Iterator[dict[str, int]]:
+        for i in range(30):
+            if i == 20:
+                raise RuntimeError("input broke")
+            yield {"id": i}
+
+    with pytest.raises(RuntimeError):
+        pqloader.write_dataset(failing(), tmp_path / "split=b", rows_per_file=10,
+                               row_group_size=5)
+    for source in (tmp_path, str(tmp_path / "split=b" / "*.parquet")):
+        with pytest.raises(pqloader.CorruptFileError, match=r"split=b: write_dataset did not"):
+            pqloader.ParquetDataset(source)
+    assert len(pqloader.ParquetDataset(tmp_path / "split=a")) == 10

@@ -1,0 +1,101 @@
+"""Type changes that keep every value: what ``write_dataset`` makes of its input's types to
+fit the first batch's or ``schema=``, and nothing more.
+
+Arrow's cast, even ``safe``, parses text (``"007"`` into the int 7), formats numbers as text,
+turns bools into ints, rounds floats into decimals and drops struct fields the target lacks.
+Only changes within one kind of value are made here: integers and floats into each other
+(Arrow's safe cast refuses a value that would not fit, or lose its fraction or its precision
+as an int becomes a float), floats narrowed (rounded to the nearest value, never to
+infinity), decimals rescaled exactly, other string, binary and list layouts, timestamp units
+(refused where they would truncate), dictionaries of the same values, structs of the same
+fields.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_t = pa.types
+_STRINGS = (_t.is_string, _t.is_large_string, _t.is_string_view)
+_BINARIES = (_t.is_binary, _t.is_large_binary, _t.is_binary_view)
+_LISTS = (_t.is_list, _t.is_large_list, _t.is_fixed_size_list, _t.is_list_view,
+          _t.is_large_list_view)
+
+
+def _any(tests: tuple[Callable[[pa.DataType], bool], ...], t: pa.DataType) -> bool:
+    return any(test(t) for test in tests)
+
+
+def keeps_values(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Whether a (safe) cast from ``src`` to ``dst`` leaves each value what it was."""
+    if src.equals(dst) or _t.is_null(src):
+        return True
+    if _t.is_dictionary(src) or _t.is_dictionary(dst):
+        unwrap = [t.value_type if _t.is_dictionary(t) else t for t in (src, dst)]
+        return keeps_values(unwrap[0], unwrap[1])
+    if _t.is_integer(src) or _t.is_floating(src):  # a safe cast refuses what would not fit
+        return bool(_t.is_integer(dst) or _t.is_floating(dst))  # or truncate (2.5 into int)
+    for kind in (_t.is_boolean, _t.is_decimal):
+        if kind(src):
+            return bool(kind(dst))
+    for group in (_STRINGS, _BINARIES):
+        if _any(group, src):
+            return _any(group, dst)
+    for kind in (_t.is_timestamp, _t.is_duration, _t.is_time, _t.is_date):
+        if kind(src):  # a timestamp with a time zone and one without: other instants
+            return bool(kind(dst)) and (not _t.is_timestamp(src) or
+                                        (src.tz is None) == (dst.tz is None))
+    if _any(_LISTS, src) and _any(_LISTS, dst):
+        return keeps_values(src.value_type, dst.value_type)
+    if _t.is_struct(src) and _t.is_struct(dst):
+        theirs = {dst.field(i).name: dst.field(i).type for i in range(dst.num_fields)}
+        mine = {src.field(i).name: src.field(i).type for i in range(src.num_fields)}
+        return set(mine) <= set(theirs) and all(keeps_values(t, theirs[n]) for n, t in mine.items())
+    if _t.is_map(src) and _t.is_map(dst):
+        return keeps_values(src.key_type, dst.key_type) and \
+            keeps_values(src.item_type, dst.item_type)
+    return False
+
+
+def cast_exactly(array: pa.Array | pa.ChunkedArray, dst: pa.DataType,
+                 ) -> pa.Array | pa.ChunkedArray:
+    """``array`` as ``dst``, or ``ValueError`` saying why that would change its values."""
+    src = array.type
+    if not keeps_values(src, dst):
+        raise ValueError(f"{src} cannot become {dst} value for value (a cast would parse, "
+                         "format, round or drop them)")
+    out = array.cast(dst, safe=True)
+    if _t.is_floating(src) and _t.is_floating(dst) and dst.bit_width < src.bit_width and \
+            pc.sum(pc.is_inf(out)).as_py() != pc.sum(pc.is_inf(array)).as_py():
+        raise ValueError(f"a value of {src} is too large for {dst} (it would become inf)")
+    return out
+
+
+def same_values(given: list[Any], got: list[Any], t: pa.DataType) -> bool:
+    """Whether Python values ``got`` back from an Arrow array of ``t`` are those ``given``."""
+    return len(given) == len(got) and all(_same(a, b, t) for a, b in zip(given, got, strict=True))
+
+
+def _same(a: Any, b: Any, t: pa.DataType) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if _t.is_map(t):
+        items = list(a.items()) if isinstance(a, dict) else list(a)
+        return len(items) == len(b) and all(
+            _same(k, kb, t.key_type) and _same(v, vb, t.item_type)
+            for (k, v), (kb, vb) in zip(items, b, strict=True))
+    if _t.is_struct(t):
+        return isinstance(a, dict) and set(a) <= {t.field(i).name for i in range(t.num_fields)} \
+            and all(_same(a.get(t.field(i).name), b.get(t.field(i).name), t.field(i).type)
+                    for i in range(t.num_fields))
+    if _any(_LISTS, t):
+        return len(a) == len(b) and all(_same(x, y, t.value_type)
+                                        for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
+        return math.isnan(b)
+    return (bool(a == b) and type(a) is not bool) or a is b  # True is not 1
