@@ -3,12 +3,13 @@ fit the first batch's or ``schema=``, and nothing more.
 
 Arrow's cast, even ``safe``, parses text (``"007"`` into the int 7), formats numbers as text,
 turns bools into ints, rounds floats into decimals and drops struct fields the target lacks.
-Only changes within one kind of value are made here: integers and floats into each other
-(Arrow's safe cast refuses a value that would not fit, or lose its fraction or its precision
-as an int becomes a float), floats narrowed (rounded to the nearest value, never to
-infinity), decimals rescaled exactly, other string, binary and list layouts, timestamp units
-(refused where they would truncate), dictionaries of the same values, structs of the same
-fields.
+Only changes within one kind of value are made here: integers, floats and decimals into
+each other where Arrow's safe cast refuses a value that would not fit, or lose its fraction
+or its precision (not ints into float16, not floats and decimals into each other), floats
+narrowed (rounded to the nearest value, never to infinity, at any depth), other string,
+binary and list layouts, timestamp units (refused where they would truncate), dates as
+timestamps and back (a time of day refused), dictionaries of the same values, structs of
+the same fields.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -38,11 +40,20 @@ def keeps_values(src: pa.DataType, dst: pa.DataType) -> bool:
     if _t.is_dictionary(src) or _t.is_dictionary(dst):
         unwrap = [t.value_type if _t.is_dictionary(t) else t for t in (src, dst)]
         return keeps_values(unwrap[0], unwrap[1])
-    if _t.is_integer(src) or _t.is_floating(src):  # a safe cast refuses what would not fit
-        return bool(_t.is_integer(dst) or _t.is_floating(dst))  # or truncate (2.5 into int)
-    for kind in (_t.is_boolean, _t.is_decimal):
-        if kind(src):
-            return bool(kind(dst))
+    if _t.is_integer(src) or _t.is_floating(src) or _t.is_decimal(src):
+        # a safe cast refuses what would not fit, or truncate (2.5 into int); not an int as
+        # float16 (Arrow checks no range there: 70,000 became inf), nor a float as a decimal
+        # (rounded) or a decimal as a float (1.000000001 as 1.0)
+        if _t.is_decimal(src) or _t.is_decimal(dst):
+            return bool(_t.is_decimal(dst) or _t.is_integer(dst)) and not _t.is_floating(src)
+        return bool(_t.is_integer(dst) or (_t.is_floating(dst) and not (
+            _t.is_integer(src) and _t.is_float16(dst))))
+    if _t.is_boolean(src):
+        return bool(_t.is_boolean(dst))
+    if _t.is_date(src) and _t.is_timestamp(dst):
+        return dst.tz is None  # midnight of that day, exactly
+    if _t.is_timestamp(src) and src.tz is None and _t.is_date(dst):
+        return True  # checked by cast_exactly: a time of day is refused, not dropped
     for group in (_STRINGS, _BINARIES):
         if _any(group, src):
             return _any(group, dst)
@@ -70,10 +81,39 @@ def cast_exactly(array: pa.Array | pa.ChunkedArray, dst: pa.DataType,
         raise ValueError(f"{src} cannot become {dst} value for value (a cast would parse, "
                          "format, round or drop them)")
     out = array.cast(dst, safe=True)
-    if _t.is_floating(src) and _t.is_floating(dst) and dst.bit_width < src.bit_width and \
-            pc.sum(pc.is_inf(out)).as_py() != pc.sum(pc.is_inf(array)).as_py():
+    if _has(dst, _t.is_floating) and _infs(out) != _infs(array):
         raise ValueError(f"a value of {src} is too large for {dst} (it would become inf)")
+    if _t.is_timestamp(src) and _t.is_date(dst) and not out.cast(src).equals(array):
+        raise ValueError(f"a value of {src} has a time of day, which {dst} would drop")
     return out
+
+
+def _has(t: pa.DataType, test: Callable[[pa.DataType], bool]) -> bool:
+    if test(t):
+        return True
+    if _t.is_dictionary(t):
+        return _has(t.value_type, test)
+    return any(_has(t.field(i).type, test) for i in range(t.num_fields))
+
+
+def _infs(array: pa.Array | pa.ChunkedArray) -> int:
+    """Infinite values in ``array``, at any depth (lists, structs, maps, dictionaries)."""
+    if isinstance(array, pa.ChunkedArray):
+        return sum(_infs(chunk) for chunk in array.chunks)
+    t = array.type
+    if _t.is_floating(t):
+        return int(pc.sum(pc.is_inf(array)).as_py() or 0)
+    if _t.is_dictionary(t):
+        return _infs(array.dictionary_decode())
+    if _t.is_map(t):  # (its keys and items hold every slice's: this one's are between these)
+        start, stop = array.offsets[0].as_py(), array.offsets[-1].as_py()
+        return _infs(array.keys.slice(start, stop - start)) + \
+            _infs(array.items.slice(start, stop - start))
+    if _any(_LISTS, t):
+        return _infs(array.flatten())  # (not .values: a slice's own values)
+    if _t.is_struct(t):
+        return sum(_infs(child) for child in array.flatten())
+    return 0
 
 
 def same_values(given: list[Any], got: list[Any], t: pa.DataType) -> bool:
@@ -96,6 +136,9 @@ def _same(a: Any, b: Any, t: pa.DataType) -> bool:
     if _any(_LISTS, t):
         return len(a) == len(b) and all(_same(x, y, t.value_type)
                                         for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
-        return math.isnan(b)
-    return (bool(a == b) and type(a) is not bool) or a is b  # True is not 1
+    if isinstance(a, (float, np.floating)) and math.isnan(a):
+        return isinstance(b, (float, np.floating)) and math.isnan(b)
+    if isinstance(a, (bool, np.bool_)) or isinstance(b, (bool, np.bool_)):  # True is not 1
+        return isinstance(a, (bool, np.bool_)) and isinstance(b, (bool, np.bool_)) and \
+            bool(a) == bool(b)
+    return bool(a == b)
