@@ -393,6 +393,20 @@ class _Nginx(_Processes):
                                byte_range.removeprefix("-"), float(secs)))  # "-": empty
         return out
 
+    def settled_requests(self, quiet_s: float = 0.3, timeout_s: float = 10.0) -> list[Request]:
+        """:meth:`requests` once the log stops growing. nginx writes a request's line after
+        sending its response, so a client can hold the answer before the line is there: a
+        count taken at once missed it, and the next count took it as a later request."""
+        deadline = time.monotonic() + timeout_s
+        before = self.requests()
+        while time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            now = self.requests()
+            if len(now) == len(before):
+                return now
+            before = now
+        return before
+
     def _start(self, server_block: str, *, http_extra: str = "", modules: str = "",
                timeout_s: float = 10) -> None:
         exe = _nginx_exe()

@@ -113,7 +113,7 @@ def test_throttled_gs_completes_exactly_once_and_counts_every_retry(
     ds = pqloader.ParquetDataset(url, storage_options=proxy.storage_options, retry=policy,
                                  cache=None)
     _exactly_once(_ids(pqloader.DataLoader(ds, batch_size=512, shuffle=True, num_workers=2)))
-    stats, served = ds.io_stats(), proxy.requests()
+    stats, served = ds.io_stats(), proxy.settled_requests()
     throttled = sum(r.status == status for r in served)
     # Each refusal nginx sent is one retry pqloader counted: gcsfs retried none on its own.
     assert throttled > 0 and stats["retries"] == stats["throttled"] == throttled
@@ -149,7 +149,7 @@ def _asked_once(error: BaseException, proxy: servers.GcsFaultProxy, status: int)
     """The error came at the first attempt: nginx refused with ``status``, and no refused
     request was asked again."""
     assert "gave up" not in str(error)
-    served = proxy.requests()
+    served = proxy.settled_requests()
     asked = Counter((r.method, r.path, r.query, r.range) for r in served)
     refused = [r for r in served if r.status == status]
     assert refused and all(asked[r.method, r.path, r.query, r.range] == 1 for r in refused)

@@ -112,9 +112,9 @@ def test_s3_warm_open_is_one_listing(s3_proxy: Callable[..., object], tmp_path: 
     options = proxy.storage_options  # type: ignore[attr-defined]
     cold = pqloader.ParquetDataset(url, storage_options=options, cache=cache)
     assert cold.io_stats()["requests"] == 1  # the manifest
-    seen = len(proxy.requests())  # type: ignore[attr-defined]
+    seen = len(proxy.settled_requests())  # type: ignore[attr-defined]
     warm = pqloader.ParquetDataset(url, storage_options=options, cache=cache)
-    requests = proxy.requests()[seen:]  # type: ignore[attr-defined]
+    requests = proxy.settled_requests()[seen:]  # type: ignore[attr-defined]
     assert len(requests) == 1 and "list-type" in requests[0].query
     assert warm.io_stats()["requests"] == 0 and len(warm) == ROWS
     ids = np.concatenate([b["id"].numpy() for b in pqloader.DataLoader(

@@ -119,10 +119,10 @@ def test_throttle_answers_slowdown_and_s3fs_retries_through(
     assert all(b"<Code>SlowDown</Code>" in body for status, body in replies if status == 503)
     assert all(body == (local / name).read_bytes() for status, body in replies if status == 200)
 
-    before = len(proxy.requests())
+    before = len(proxy.settled_requests())
     fs = _s3fs(proxy.storage_options)
     assert _ids(fs, _parquet(fs, url)) == list(range(ROWS))
-    during = Counter(r.status for r in proxy.requests()[before:])
+    during = Counter(r.status for r in proxy.settled_requests()[before:])
     print(f"s3fs through the throttle: {dict(during)}")
     assert during[503] >= 1  # it was throttled, and retried to the exact data
 
@@ -171,7 +171,7 @@ def test_drop_proxy_closes_connections(s3_proxy: Any, make_dataset: MakeDataset)
     assert len(ok) >= 5 and len(dropped) >= 5  # P(fewer than 5 of 40) < 1e-6 for either
     assert set(dropped) <= {"RemoteDisconnected", "ConnectionResetError"}
     assert all(body == (local / name).read_bytes() for body in ok)
-    assert Counter(r.status for r in proxy.requests())[444] == len(dropped)
+    assert Counter(r.status for r in proxy.settled_requests())[444] == len(dropped)
 
     flaky = s3_proxy(drop_fraction=0.2)
     fs = _s3fs(flaky.storage_options)
@@ -188,7 +188,7 @@ def test_proxy_passes_signed_requests(s3_server: servers.S3Server, s3_proxy: Any
     assert fs.cat(f"{bucket}/dir/a.bin") == b"0123456789"
     assert fs.cat_file(f"{bucket}/dir/a.bin", start=-3) == b"789"
     assert fs.ls(f"{bucket}/dir", detail=False) == [f"{bucket}/dir/a.bin"]
-    assert {r.method for r in proxy.requests()} >= {"PUT", "GET"}
+    assert {r.method for r in proxy.settled_requests()} >= {"PUT", "GET"}
 
 
 @pytest.mark.parametrize("faults", [{"drop_fraction": 1.0}, {"rate_per_s": 0},
