@@ -175,7 +175,9 @@ def test_s3_cache_one_entry_per_row_group_and_a_corrupt_one_is_refetched(
     again = pqloader.ParquetDataset(url, storage_options=options, cache=cache)
     _exactly_once(_ids(pqloader.DataLoader(again, batch_size=512, shuffle=True, num_workers=2)))
     stats = again.io_stats()
-    assert stats["cache_corrupt"] == 2 and stats["requests"] >= 2
+    # each damaged entry found once; twice if its row group is the one that the two workers'
+    # spans share, and both read it before either wrote it again (CI saw 3)
+    assert 2 <= stats["cache_corrupt"] <= 3 and stats["requests"] >= 2
     assert len(cache.entries()) == len(groups) + len(ds.files)
 
 def test_s3_narrower_projection_reads_the_whole_row_groups_cached(
