@@ -99,7 +99,9 @@ def write_dataset(
         schema: the columns and their types (``pyarrow.Schema``); default: the input's, or
             for dicts and record batches the first ones'. Give it when the first rows
             cannot tell (a key that is None in all of them is typed ``null`` and holds no
-            later value). Each batch is cast to it safely, by column name.
+            later value). Each batch is matched to it by column name, and its types changed
+            only within their kind of value: a value that would change (text parsed as a
+            number, a float rounded into a decimal) is a DataError naming the column.
 
     Returns:
         The paths written. Each file appears under its final name only once complete. Until
