@@ -76,7 +76,7 @@ def run_floor(workload: str, args: argparse.Namespace) -> dict[str, Any]:
     path = data_path(workload, args.tiny, args.data)
     *_, batch_size = shape(workload, args.tiny)
     module = __import__(WORKLOADS[workload][0])
-    floor_args = argparse.Namespace(batch_size=batch_size)
+    floor_args = argparse.Namespace(batch_size=batch_size, epochs=1)  # this loop: the epochs
     rates = []
     for _ in range(args.epochs):
         if workload == "w3":

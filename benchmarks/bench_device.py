@@ -155,6 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
+        args.epochs = 1  # bench_tabular's floor: one pass, as the loader here makes
         run = bench_tabular.run_floor if args.child == "floor" else \
             lambda path, a: run_loader(path, a, args.child)
         print("CHILD " + json.dumps(run(args.data, args)), flush=True)
