@@ -41,6 +41,11 @@ class ArrowFs:
             raise FileNotFoundError(path)
         return self._info(fi)
 
+    def exists(self, path: str) -> bool:
+        import pyarrow.fs as pafs
+
+        return bool(self.fs.get_file_info(path).type != pafs.FileType.NotFound)
+
     def isdir(self, path: str) -> bool:
         import pyarrow.fs as pafs
 

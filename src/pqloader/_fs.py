@@ -192,6 +192,9 @@ class Store:
     def isdir(self, path: str) -> bool:
         return bool(self._call(lambda: self.fs.isdir(path), path))
 
+    def exists(self, path: str) -> bool:
+        return bool(self._call(lambda: self.fs.exists(path), path))
+
     # reading
     def read_ranges(self, path: str, ranges: Sequence[Range]) -> dict[Range, bytes]:
         """The bytes of each range (coalesced, parallel, retried): ``{(offset, length): data}``."""

@@ -124,6 +124,9 @@ def list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | N
         found = [o for o in store.glob(native) if not is_hidden(o.path.rsplit("/", 1)[-1])]
         if not found:
             raise EmptyDatasetError(f"{source}: the glob matches no file")
+        for folder in sorted({o.path.rpartition("/")[0] for o in found}):  # as _glob does
+            if store.exists(f"{folder}/{INCOMPLETE}"):
+                raise incomplete_error(store.url(folder))
         return found, None, None
     # A URL ending in "/" names a folder: listed at once, without a request to ask whether
     # it is one (a round trip per open: 70 ms through bench_remote's proxy).

@@ -4,6 +4,7 @@ nginx that throttles (503 SlowDown) and drops connections. Each test checks the 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 import pqloader
 from pqloader._cli import main as cli
+from pqloader._manifest import INCOMPLETE
 
 ROWS = 12_000
 
@@ -98,6 +100,49 @@ def test_s3_a_folder_write_dataset_did_not_finish_refuses_to_open(moto_s3: objec
     url = moto_s3.upload_dir(tmp_path / "flat")  # type: ignore[attr-defined]
     with pytest.raises(pqloader.CorruptFileError, match="did not finish"):
         pqloader.ParquetDataset(url, storage_options=moto_s3.storage_options)  # type: ignore[attr-defined]
+
+
+def _glob_ids(ds: pqloader.ParquetDataset) -> np.ndarray:
+    return np.sort(np.concatenate([b["id"].numpy() for b in pqloader.DataLoader(
+        ds, batch_size=512, shuffle=True, num_workers=2)]))
+
+
+def test_s3_globs_read_each_matched_file_once_and_refuse_a_folder_not_finished(
+        s3_proxy: Callable[..., object], local_dataset: Path, tmp_path: Path) -> None:
+    proxy = s3_proxy()
+    options = proxy.storage_options  # type: ignore[attr-defined]
+    url = proxy.upload_dir(local_dataset)  # type: ignore[attr-defined]
+    ds = pqloader.ParquetDataset(url + "part=1/*.parquet", storage_options=options)
+    assert np.array_equal(_glob_ids(ds), np.arange(1, ROWS, 2))
+    seen = len(proxy.settled_requests())  # type: ignore[attr-defined]
+    ds = pqloader.ParquetDataset(url + "*/part-*", storage_options=options)
+    assert np.array_equal(_glob_ids(ds), np.arange(ROWS))
+    opening = [r for r in proxy.settled_requests()[seen:]  # type: ignore[attr-defined]
+               if r.method != "GET" or "list-type" in r.query]  # not the footers and data
+    # the glob lists the bucket and the two folders; s3fs answers the markers' checks from
+    # those listings, with no request of their own
+    assert len(opening) <= 3, opening
+    # a partition folder copied up as a failed or killed write_dataset left it
+    shutil.copytree(local_dataset, tmp_path / "data")
+    (tmp_path / "data" / "part=1" / INCOMPLETE).write_text("stopped")
+    url = proxy.upload_dir(tmp_path / "data")  # type: ignore[attr-defined]
+    for pattern in ("*/*.parquet", "part=1/part-*", "**"):
+        with pytest.raises(pqloader.CorruptFileError, match=r"part=1: write_dataset did not"):
+            pqloader.ParquetDataset(url + pattern, storage_options=options)
+    assert len(pqloader.ParquetDataset(url + "part=0/*", storage_options=options)) == ROWS // 2
+
+
+def test_http_globs_read_each_matched_file_once_and_refuse_a_folder_not_finished(
+        http_server: Callable[[Path], str], local_dataset: Path, tmp_path: Path) -> None:
+    shutil.copytree(local_dataset, tmp_path / "data")
+    base = http_server(tmp_path / "data")
+    assert np.array_equal(_glob_ids(pqloader.ParquetDataset(base + "/*/*.parquet")),
+                          np.arange(ROWS))
+    (tmp_path / "data" / "part=1" / INCOMPLETE).write_text("stopped")
+    with pytest.raises(pqloader.CorruptFileError, match=r"part=1: write_dataset did not"):
+        pqloader.ParquetDataset(base + "/part=1/*.parquet")
+    ds = pqloader.ParquetDataset(base + "/part=0/*.parquet")
+    assert np.array_equal(_glob_ids(ds), np.arange(0, ROWS, 2))
 
 
 def test_s3_warm_open_is_one_listing(s3_proxy: Callable[..., object], tmp_path: Path) -> None:

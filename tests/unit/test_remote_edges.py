@@ -108,6 +108,10 @@ def test_an_arrow_filesystem_glob_stays_in_its_folder(tmp_path: Path) -> None:
     fs = pafs.LocalFileSystem()
     assert len(pqloader.ParquetDataset(f"{tmp_path}/*.parquet", filesystem=fs)) == 2
     assert len(pqloader.ParquetDataset(f"{tmp_path}/**/*.parquet", filesystem=fs)) == 5
+    (tmp_path / "old" / "_pqloader_incomplete").write_text("stopped")  # a write not finished
+    with pytest.raises(pqloader.CorruptFileError, match="old: write_dataset did not finish"):
+        pqloader.ParquetDataset(f"{tmp_path}/**/*.parquet", filesystem=fs)
+    assert len(pqloader.ParquetDataset(f"{tmp_path}/*.parquet", filesystem=fs)) == 2
 
 
 def test_a_cache_that_cannot_be_written_warns_once_and_reads_go_on(tmp_path: Path) -> None:
