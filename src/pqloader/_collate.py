@@ -185,8 +185,16 @@ class Ragged:
                             "fill them when writing, cast the values to float (nulls become "
                             "NaN), or pass collate_fn=")
         lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
-        starts = array.offsets.to_numpy()[:-1].astype(np.int64)
-        values = array.values.to_numpy(zero_copy_only=False)
+        # .values are the unsliced array's: a window is a slice of its row groups (a rank's
+        # share), and a null outside it made the ints floats, bools objects (found in review)
+        offsets = array.offsets.to_numpy().astype(np.int64)
+        first = int(offsets[0])
+        inside = array.values.slice(first, int(offsets[-1]) - first)
+        if inside.null_count and not pa.types.is_floating(inside.type):
+            # under null lists (never emitted: length 0)
+            inside = pc.fill_null(inside, pa.scalar(0).cast(inside.type))
+        values = inside.to_numpy(zero_copy_only=False)
+        starts = offsets[:-1] - first
         rows = np.arange(len(array), dtype=np.int64) if order is None else order.astype(np.int64)
         return cls(values, starts, lengths.astype(np.int64), rows)
 

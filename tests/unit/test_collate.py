@@ -195,3 +195,33 @@ def test_fixed_size_list_int_nulls_through_the_loader(tmp_path: Path) -> None:
     ds = pqloader.ParquetDataset(tmp_path)
     with pytest.raises(pqloader.DataError, match="'emb'"):
         next(iter(pqloader.DataLoader(ds, batch_size=2, num_workers=0)))
+
+
+@pytest.mark.parametrize("value_type", [pa.int64(), pa.bool_(), pa.float32()])
+def test_a_list_column_sliced_keeps_its_type_whatever_lies_outside_the_slice(
+        value_type: pa.DataType) -> None:
+    """A window is a slice of its row groups: a null value inside a list of rows outside it
+    (another rank's) made an int column float64, and a bool one fail in torch."""
+    rows = [[1, 0], [1], None, [0, 1, 1], [1, None]]
+    if value_type == pa.bool_():
+        rows = [r and [None if v is None else bool(v) for v in r] for r in rows]
+    column = pa.chunked_array([pa.array(rows, pa.list_(value_type)).slice(1, 3)])
+    got = to_torch({"v": prepare(column, "v", "list", None)}, {"v": "list"})
+    assert got["v"].dtype == torch.from_numpy(np.zeros(0, value_type.to_pandas_dtype())).dtype
+    assert got["v"].tolist() == [[1, 0, 0], [0, 0, 0], [0, 1, 1]]
+    assert got["v_lengths"].tolist() == [1, 0, 3]
+    order = window_order(np.array([2, 0]))
+    got = to_torch({"v": prepare(column, "v", "list", order)}, {"v": "list"})
+    assert got["v"].tolist() == [[0, 1, 1], [1, 0, 0]]
+
+
+def test_ranks_of_one_row_group_get_the_same_list_dtype(tmp_path: Path) -> None:
+    rows = [[i, i + 1] for i in range(9)] + [[9, None]]  # a null in rank 1's rows only
+    pq.write_table(pa.table({"id": range(10), "v": pa.array(rows, pa.list_(pa.int64()))}),
+                   tmp_path / "a.parquet")
+    ds = pqloader.ParquetDataset(tmp_path)
+    batch = next(iter(pqloader.DataLoader(ds, batch_size=5, rank=0, world_size=2)))
+    assert batch["v"].dtype == torch.int64
+    assert batch["v"].tolist() == [[i, i + 1] for i in batch["id"].tolist()]
+    with pytest.raises(pqloader.DataError, match=r"'v'.*null values inside"):
+        next(iter(pqloader.DataLoader(ds, batch_size=5, rank=1, world_size=2)))
