@@ -30,6 +30,7 @@ from ._footers import (
     row_groups,
 )
 from ._fs import ObjectInfo, Store
+from ._int96 import file_schema
 from ._manifest import match_manifest, read_manifest
 from ._schema import hive_partition, partition_schema, typed_first, unify, unviewed
 from ._signed import redact
@@ -134,6 +135,8 @@ def _open_remote(source: object, store: Store, cache: Cache | None
     if any(o.size <= 0 for o in objects):  # listings without sizes (HTTP): ask each object
         with ThreadPoolExecutor(min(_MAX_FOOTER_THREADS, len(objects))) as pool:
             objects = list(pool.map(lambda o: o if o.size > 0 else store.info(o.path), objects))
+            if manifest_obj is not None and manifest_obj.size <= 0:  # else read as empty
+                manifest_obj = store.info(manifest_obj.path)
     # URLs of HTTP listings arrive percent-encoded ('part%3D0'): decode them once first.
     plain = unquote if store.protocol in ("http", "https") else str
     parts = [hive_partition(PurePosixPath(plain(o.path)), None if root is None else
@@ -157,8 +160,7 @@ def _open_remote(source: object, store: Store, cache: Cache | None
         footers = list(pool.map(lambda o: remote_footer(store, cache, o), objects))
     entries = [FileEntry(store.url(o.path), md, o.size, part, o.version)
                for o, md, part in zip(objects, footers, parts, strict=True)]
-    schemas = [(e.path, md.schema.to_arrow_schema()) for e, md in zip(entries, footers,
-                                                                       strict=True)]
+    schemas = [(e.path, file_schema(md)) for e, md in zip(entries, footers, strict=True)]
     return entries, schemas, [row_groups(md) for md in footers]
 
 

@@ -13,6 +13,7 @@ from ._cache import Cache
 from ._errors import CorruptFileError
 from ._fetch import cached_ranges
 from ._fs import ObjectInfo, Store
+from ._int96 import file_schema
 from ._sizes import RowBytes, row_bytes
 
 # Local footers: parsing one holds the GIL for most of its ~100 us, and 32 threads on 2 cores
@@ -78,7 +79,7 @@ def local_footers(paths: list[Path]) -> list[LocalFooter]:
         out = []
         for path in chunk:
             md, size = read_footer(path)
-            out.append((md, size, row_groups(md), md.schema.to_arrow_schema()))
+            out.append((md, size, row_groups(md), file_schema(md)))
         return out
 
     workers = max(1, min(_LOCAL_FOOTER_THREADS, len(paths)))

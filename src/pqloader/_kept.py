@@ -17,6 +17,8 @@ import pyarrow.dataset as pads
 from ._discover import Discovery, read_footers
 from ._errors import DataError, EmptyDatasetError
 from ._filter import has_floats
+from ._int96 import READ as INT96
+from ._int96 import file_schema
 from ._read import FragmentReader, partition_columns
 
 _CHUNK_ROWS = 1 << 20  # rows of row groups a thread counts as one task
@@ -93,7 +95,7 @@ def _may_match(d: Discovery, pool: ThreadPoolExecutor) -> np.ndarray:
         # filter true for NaN (~(x <= 0.5), x.is_nan()) lost those rows, pyarrow's own read too
         return np.ones(len(d.num_rows), dtype=bool)
     footers = read_footers(d.files, d.store, d.cache)
-    fmt = pads.ParquetFileFormat()
+    fmt = pads.ParquetFileFormat(read_options=pads.ParquetReadOptions(**INT96))
     expression = d.filter.expression
 
     def row_groups(i: int) -> set[int] | None:  # those that may match; None: all of them
@@ -107,7 +109,7 @@ def _may_match(d: Discovery, pool: ThreadPoolExecutor) -> np.ndarray:
             footer.write_metadata_file(sink)  # the footer alone: a Parquet file of no data
             fragment = fmt.make_fragment(pa.BufferReader(sink.getvalue()),
                                          partition_expression=guarantee)
-            schema = pa.schema([*footer.schema.to_arrow_schema(), *d.partition_schema])
+            schema = pa.schema([*file_schema(footer), *d.partition_schema])
             return {rg.id for part in fragment.split_by_row_group(expression, schema=schema)
                     for rg in part.row_groups}
         except (pa.ArrowException, ValueError, TypeError):

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._errors import CorruptFileError
+from ._int96 import file_schema
 from ._sizes import (
     RowBytes,
     Sample,
@@ -72,7 +73,7 @@ def write_manifest(root: Path, paths: list[str]) -> None:
                       "rows": [g.num_rows for g in groups],
                       "bytes": [g.total_byte_size for g in groups],
                       "row_bytes": row_bytes(md, measured)})
-    schema = footers[0].schema.to_arrow_schema()
+    schema = file_schema(footers[0])
     body = {"format": FORMAT, "version": VERSION, "files": files,
             "schema": base64.b64encode(schema.serialize().to_pybytes()).decode()}
     tmp = root / f".{NAME}.tmp-{uuid.uuid4().hex}"

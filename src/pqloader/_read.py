@@ -25,6 +25,8 @@ from ._errors import CorruptFileError, DatasetNotFoundError, PQLoaderError, Sche
 from ._fetch import cached_ranges
 from ._footers import remote_footer
 from ._fs import ObjectInfo
+from ._int96 import READ as INT96
+from ._int96 import file_schema
 from ._ranges import Range, coalesce
 from ._schema import same_type, unviewed
 from ._sizes import leaf_count
@@ -89,7 +91,7 @@ class FragmentReader:
         """A footer read after a manifest opened the dataset holds the columns it promised:
         a file rewritten at the same size with other types was cast (strings parsed as
         ints) rather than refused."""
-        schema = footer.schema.to_arrow_schema()
+        schema = file_schema(footer)
         have = dict(zip(schema.names, schema.types, strict=True))  # O(1) lookups: 1,000
         wanted = dict(zip(self._d.schema.names, self._d.schema.types, strict=True))  # columns
         for name in self._file_columns:
@@ -176,7 +178,7 @@ class FragmentReader:
             self._fetch(file_index, int(d.row_group[fragment]))
         # memory_map: a local row group decodes straight from the page cache, its bytes
         # never copied into read buffers first (-12% CPU per row on W1, measured)
-        return pq.ParquetFile(source, metadata=footer, memory_map=local, **options)
+        return pq.ParquetFile(source, metadata=footer, memory_map=local, **INT96, **options)
 
     # -- remote ------------------------------------------------------------------------------
     def _fetch(self, file_index: int, row_group: int) -> pa.PythonFile:

@@ -1,8 +1,9 @@
 """Arrow types as other writers leave them: string and binary views (pyarrow >= 16, Polars),
-list elements declared not null, a column name written twice."""
+list elements declared not null, a column name written twice, INT96 timestamps (Spark)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,30 @@ def test_a_filter_sees_the_type_a_column_typed_null_first_takes(tmp_path: Path) 
     assert kept([("x", "!=", 1.0)]) == [2, 3]  # NaN != 1.0: kept, as pyarrow keeps it
     assert kept([("s", "in", ["ab"])]) == [1]
     assert kept(pc.starts_with(pc.field("s"), "a")) == [1, 3]
+
+
+def test_int96_timestamps_keep_dates_past_2262_and_before_1677(tmp_path: Path) -> None:
+    """Spark, Hive and Impala write INT96; pyarrow reads it as nanoseconds by default, which
+    wrapped 9999-12-31 (a warehouse's "still valid") into 1816-03-29, silently."""
+    when = [dt.datetime(1500, 1, 1), dt.datetime(2024, 1, 1, 12, 30, 0, 5), None,
+            dt.datetime(9999, 12, 31)]
+    part = pa.table({"id": range(4), "valid_to": pa.array(when, pa.timestamp("us")),
+                     "spans": pa.array([{"to": w} for w in when],
+                                       pa.struct([("to", pa.timestamp("us"))]))})
+    for name, start, stop in (("a", 0, 2), ("b", 3, 4)):  # the null row left out
+        pq.write_table(part.slice(start, stop - start), tmp_path / f"{name}.parquet",
+                       use_deprecated_int96_timestamps=True, store_schema=False)  # as Spark
+    ds = pqloader.ParquetDataset(tmp_path)
+    assert ds.columns["valid_to"] == pa.timestamp("us")
+    assert ds.columns["spans"] == pa.struct([("to", pa.timestamp("us"))])
+    rows = ds.__getitems__([0, 1, 2])
+    assert [r["valid_to"] for r in rows] == [when[0], when[1], when[3]]
+    assert [r["spans"]["to"] for r in rows] == [when[0], when[1], when[3]]
+    batch = next(iter(pqloader.DataLoader(pqloader.ParquetDataset(
+        tmp_path, columns=["id", "valid_to"]), batch_size=3)))
+    epoch = dt.datetime(1970, 1, 1)
+    assert batch["valid_to"].tolist() == [(w - epoch) // dt.timedelta(microseconds=1)
+                                          for w in (when[0], when[1], when[3])]
+    late = pqloader.ParquetDataset(tmp_path, filter=pc.field("valid_to") > pa.scalar(
+        dt.datetime(3000, 1, 1), pa.timestamp("us")))
+    assert [r["id"] for r in late.__getitems__(range(len(late)))] == [3]

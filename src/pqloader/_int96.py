@@ -1,0 +1,58 @@
+"""INT96 timestamps (Spark's default, Hive's, Impala's) read in microseconds, not nanoseconds.
+
+pyarrow reads them as ``timestamp[ns]`` unless told otherwise, and an int64 of nanoseconds
+holds only the years 1677-2262: ``9999-12-31``, the usual "still valid" end of a row in a
+warehouse table, became 1816-03-29 and ``1500-01-01`` 2084-07-20, silently. Microseconds hold
+any date, and are Spark's own precision; a nanosecond digit past them (Impala writes some) is
+dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ._sizes import leaf_count
+
+READ: dict[str, Any] = {"coerce_int96_timestamp_unit": "us"}  # for pq.ParquetFile and kin
+
+
+def file_schema(md: pq.FileMetaData) -> pa.Schema:
+    """A footer's Arrow schema as pqloader reads the file: its INT96 columns in microseconds."""
+    schema = md.schema.to_arrow_schema()
+    if not any(_has_ns(t) for t in schema.types):  # no INT96 possible: the common case, fast
+        return schema
+    fields, leaf = [], 0
+    for field in schema:
+        n = leaf_count(field.type)
+        if any(md.schema.column(i).physical_type == "INT96" for i in range(leaf, leaf + n)):
+            field = field.with_type(_in_us(field.type))
+        fields.append(field)
+        leaf += n
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def _has_ns(t: pa.DataType) -> bool:
+    if pa.types.is_timestamp(t):
+        return bool(t.unit == "ns")
+    return any(_has_ns(t.field(i).type) for i in range(t.num_fields))
+
+
+def _in_us(t: pa.DataType) -> pa.DataType:
+    """``t`` with its nanosecond timestamps in microseconds, at any depth."""
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", t.tz) if t.unit == "ns" else t
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_in_us(t.field(i).type))
+                          for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(_in_us(t.key_type), t.item_field.with_type(_in_us(t.item_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_in_us(t.value_type)), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_in_us(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_in_us(t.value_type)))
+    return t
