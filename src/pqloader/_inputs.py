@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from ._casts import cast_exactly, keeps_values, same_values
 from ._errors import DataError, InvalidArgumentError
+from ._schema import holds
 
 _UNNAMED_INDEX = re.compile(r"__index_level_\d+__")
 
@@ -28,7 +29,7 @@ def _pandas_error(df: Any, exc: Exception, where: str) -> DataError:
         def fails(name: Any) -> bool:
             try:
                 pa.Schema.from_pandas(df[[name]], preserve_index=False)
-            except (ValueError, TypeError, pa.ArrowNotImplementedError):
+            except (ValueError, TypeError, OverflowError, pa.ArrowNotImplementedError):
                 return True
             return False
 
@@ -46,16 +47,19 @@ def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.Re
     # batch that nobody asked for; it is left out.
     try:
         schema = pa.Schema.from_pandas(df, preserve_index=True)
-    except (ValueError, TypeError, pa.ArrowNotImplementedError) as exc:
+    except (ValueError, TypeError, OverflowError, pa.ArrowNotImplementedError) as exc:
         raise _pandas_error(df, exc, "the DataFrame") from exc
-    schema = pa.schema([f for f in schema if not _UNNAMED_INDEX.fullmatch(f.name)])
+    # pandas' metadata kept: read_parquet gives back the dtypes (Int64, boolean, categories)
+    # and the named index; it reads files whose metadata names the unnamed level left out
+    schema = pa.schema([f for f in schema if not _UNNAMED_INDEX.fullmatch(f.name)],
+                       metadata=schema.metadata)
 
     def gen() -> Iterator[pa.RecordBatch]:
         for start in range(0, len(df), chunk_rows):
             chunk = df.iloc[start:start + chunk_rows]
             try:
                 table = pa.Table.from_pandas(chunk, schema=schema, preserve_index=True)
-            except (ValueError, TypeError, pa.ArrowNotImplementedError) as exc:
+            except (ValueError, TypeError, OverflowError, pa.ArrowNotImplementedError) as exc:
                 where = f"DataFrame rows {start}..{start + len(chunk) - 1}"
                 raise _pandas_error(chunk, exc, where) from exc
             yield from table.to_batches()
@@ -92,11 +96,20 @@ def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
     if schema is None:
         try:
             inferred_head = pa.Table.from_pylist(head)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
             raise DataError(
-                f"the first {len(head)} rows do not make one table: {exc}; make every row's "
-                "values of a key the same type, or give write_dataset a schema="
+                f"the first {len(head)} rows do not make one table{_which(head)}: {exc}; make "
+                "every row's values of a key the same type (ints past int64: give a schema= "
+                "with uint64 or a decimal), or give write_dataset a schema="
             ) from exc
+        for name, column in zip(inferred_head.column_names, inferred_head.columns,
+                                strict=True):
+            values = [row.get(name) for row in head]
+            if not guess_kept(values, column):
+                raise DataError(
+                    f"rows 0..{len(head) - 1}, column {name!r}: pyarrow would write its values "
+                    f"as {column.type}, changing some ({_kinds(values)} mixed); make them one "
+                    "kind, or give write_dataset a schema=")
         schema = inferred_head.schema
     source = "given by schema=" if given is not None else (
         f"was taken from the first {len(head)} rows: make those carry the wider type (e.g. "
@@ -157,6 +170,9 @@ def _column(chunk: list[dict[str, Any]], field: pa.Field,
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         column = None  # no one type holds them as they are (ints past int64)
     if column is not None and column.type == field.type:
+        if not guess_kept(values(), column):  # (pyarrow's guess: a date for a datetime)
+            raise pa.ArrowInvalid(f"pyarrow's guess changes its values ({_kinds(values())} "
+                                  "mixed)")
         return column
     if column is not None and keeps_values(column.type, field.type):
         if not pa.types.is_null(column.type):  # only None: any type holds it
@@ -170,6 +186,47 @@ def _column(chunk: list[dict[str, Any]], field: pa.Field,
         kind = "values" if column is None else f"{column.type} values"
         raise pa.ArrowInvalid(f"its {kind} would not stay the same as {field.type}")
     return typed
+
+
+# Types pyarrow guesses from mixed Python values by changing some: a datetime among dates
+# loses its time of day, a naive one among aware ones is taken for UTC (and the reverse drops
+# the zone), a str among bytes becomes bytes, an int among timedeltas microseconds. (It
+# refuses an int past 2**53 among floats itself.)
+_GUESSED = (pa.types.is_date, pa.types.is_timestamp, pa.types.is_time, pa.types.is_duration,
+            pa.types.is_binary, pa.types.is_large_binary)
+
+
+def guess_kept(values: list[Any], column: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether ``column``, pyarrow's conversion of Python ``values``, holds those values."""
+    t = column.type
+    if not holds(t, lambda u: any(test(u) for test in _GUESSED)):
+        return True
+    if t.num_fields == 0:  # values of one kind: nothing mixed to change (7x cheaper)
+        kinds = set(map(type, values))
+        kinds.discard(type(None))
+        if len(kinds) <= 1 and (not pa.types.is_timestamp(t) or len(
+                {v.tzinfo is None for v in values if v is not None}) <= 1):
+            return True
+    return same_values(values, column.to_pylist(), t)
+
+
+def _kinds(values: list[Any]) -> str:
+    kinds = []
+    for v in values:
+        kind = type(v).__name__ + (" with a time zone" if getattr(v, "tzinfo", None) else "")
+        if v is not None and kind not in kinds:
+            kinds.append(kind)
+    return ", ".join(kinds)
+
+
+def _which(rows: list[dict[str, Any]]) -> str:
+    """``, column 'x'``: the first whose values alone do not convert (an error path only)."""
+    for name in rows[0]:
+        try:
+            pa.array([row.get(name) for row in rows])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            return f", column {name!r}"
+    return ""
 
 
 def as_batches(

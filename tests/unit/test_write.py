@@ -150,7 +150,8 @@ def test_pandas_index_is_kept_as_columns(tmp_path: Path, index: pd.Index) -> Non
     assert list(ds.columns) == ["clicks", *index.names]
     back = df.reset_index()[["clicks", *index.names]]
     assert ds.__getitems__(range(5)) == back.to_dict("records")
-    pd.testing.assert_frame_equal(pq.read_table(tmp_path / "out").to_pandas(), back)
+    # pandas' metadata kept: pandas reads the index back as one, as from df.to_parquet
+    pd.testing.assert_frame_equal(pq.read_table(tmp_path / "out").to_pandas(), df)
 
 
 def test_pandas_range_index_writes_no_column(tmp_path: Path) -> None:
@@ -261,6 +262,63 @@ def test_dict_rows_refuse_a_later_value_the_first_rows_type_cannot_hold(
     with pytest.raises(pqloader.DataError, match=rf"rows 2\.\.2, column '{column}'.*1\.0, not 1"):
         pqloader.write_dataset(rows, root, row_group_size=2)
     assert not root.exists()  # not written truncated (2.5 as 2), nor half-written
+
+
+_PARIS = datetime.timezone(datetime.timedelta(hours=1))
+
+
+@pytest.mark.parametrize(
+    ("first", "other", "kinds"),
+    [
+        pytest.param(datetime.date(2024, 1, 1), datetime.datetime(2024, 1, 1, 12, 30),
+                     "date, datetime", id="datetime-among-dates-lost-its-time"),
+        pytest.param(datetime.datetime(2024, 1, 1, 12, tzinfo=_PARIS),
+                     datetime.datetime(2024, 1, 1, 12), "datetime with a time zone, datetime",
+                     id="naive-among-aware-taken-for-utc"),
+        pytest.param(datetime.datetime(2024, 1, 1, 12),
+                     datetime.datetime(2024, 1, 1, 12, tzinfo=_PARIS),
+                     "datetime, datetime with a time zone", id="aware-among-naive-lost-its-zone"),
+        pytest.param(b"x", "y", "bytes, str", id="str-among-bytes-became-bytes"),
+        pytest.param(datetime.timedelta(days=1), 5, "timedelta, int",
+                     id="int-among-timedeltas-became-microseconds"),
+    ],
+)
+@pytest.mark.parametrize("where", ["first-rows", "later-rows"])
+def test_dict_rows_pyarrow_would_guess_into_other_values_are_refused(
+        tmp_path: Path, first: Any, other: Any, kinds: str, where: str) -> None:
+    rows = [{"a": first}, {"a": first}] + [{"a": first}] * (where == "later-rows") + \
+        [{"a": first}, {"a": other}]  # the last two rows: one chunk
+    root = tmp_path / "out"
+    with pytest.raises(pqloader.DataError, match=rf"column 'a'.*\({kinds} mixed\)"):
+        pqloader.write_dataset(rows[-2:] if where == "first-rows" else rows[1:], root,
+                               row_group_size=2)
+    assert not root.exists()
+    pqloader.write_dataset([{"a": first}, {"a": first}], root)  # one kind: as it was
+    assert pq.read_table(root).column("a").to_pylist() == [first, first]
+
+
+def test_dict_rows_and_object_columns_of_ints_past_int64_name_the_column(
+        tmp_path: Path) -> None:
+    with pytest.raises(pqloader.DataError, match=r"column 'hash'.*uint64"):
+        pqloader.write_dataset([{"id": 1, "hash": 2**64 - 1}, {"id": 2, "hash": 5}],
+                               tmp_path / "a")
+    with pytest.raises(pqloader.DataError, match=r"column 'hash'"):
+        pqloader.write_dataset(pd.DataFrame({"hash": pd.Series([1, 2**64 - 1], dtype=object)}),
+                               tmp_path / "b")
+    schema = pa.schema({"id": pa.int64(), "hash": pa.uint64()})
+    pqloader.write_dataset([{"id": 1, "hash": 2**64 - 1}], tmp_path / "c", schema=schema)
+    assert pq.read_table(tmp_path / "c").column("hash").to_pylist() == [2**64 - 1]
+
+
+def test_pandas_dtypes_and_named_index_come_back_from_read_parquet(tmp_path: Path) -> None:
+    df = pd.DataFrame({"user_id": [10, 11, 12], "n": pd.array([1, None, 3], dtype="Int64"),
+                       "ok": pd.array([True, None, False], dtype="boolean"),
+                       "kind": pd.Categorical(["a", "b", "a"])}).set_index("user_id")
+    pqloader.write_dataset(df, tmp_path / "out", rows_per_file=2, row_group_size=1)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "out"), df)
+    unnamed = df.reset_index(drop=True)  # a RangeIndex: no column, and read back as one
+    pqloader.write_dataset(unnamed, tmp_path / "range")
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "range"), unnamed)
 
 
 def test_dict_rows_later_values_that_fit_are_kept_exactly(tmp_path: Path) -> None:
