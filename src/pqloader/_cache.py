@@ -69,8 +69,10 @@ class Cache:
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int | float | None = None
                  ) -> None:
-        if max_bytes is not None and max_bytes <= 0:
-            raise InvalidArgumentError(f"Cache max_bytes must be > 0 or None, got {max_bytes!r}")
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(
+                max_bytes, (int, float)) or not 1 <= max_bytes < 2**63):  # nor nan, nor inf
+            raise InvalidArgumentError(f"Cache max_bytes must be a number of bytes >= 1 (e.g. "
+                                       f"50e9), or None for no limit; got {max_bytes!r}")
         self.directory = Path(directory)
         self.max_bytes = None if max_bytes is None else int(max_bytes)
         self._root = self.directory / _LAYOUT
@@ -114,10 +116,15 @@ class Cache:
             raw = None
         payload = None if raw is None else decode(raw, url, version, offset, length)
         if payload is None:
-            with contextlib.suppress(FileNotFoundError):
+            done = "deleted"
+            try:
                 path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError:  # a read-only cache, another user's entry: read past, not fatal
+                done = "left in place (it cannot be deleted here)"
             raise CorruptCacheEntry(f"{path}: cache entry for {url} [{offset}, +{length}) is "
-                                    "damaged; deleted, fetching it again")
+                                    f"damaged or unreadable; {done}, fetching it again")
         with contextlib.suppress(OSError):
             os.utime(path)  # last used: eviction goes by modification time
         return payload

@@ -7,6 +7,7 @@ import os
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import pqloader
-from pqloader._cache import Cache
+from pqloader._cache import Cache, CorruptCacheEntry
 from pqloader._cli import main as cli
 from pqloader._fetch import cached_ranges
 from pqloader._fs import Store, _object_info
@@ -125,6 +126,29 @@ def test_a_cache_that_cannot_be_written_warns_once_and_reads_go_on(tmp_path: Pat
             got = cached_ranges(store, cache, "obj", "v", [(start, 10)])
             assert bytes(got[(start, 10)]) == bytes(range(start, start + 10))
     assert [str(w.message).count("cannot be written") for w in caught] == [1]
+
+
+def test_an_entry_that_cannot_be_read_or_deleted_is_fetched_again(tmp_path: Path) -> None:
+    """A shared cache another user or job filled (read-only to this one): an entry it cannot
+    read nor delete, here a folder in the entry's place, is read past, not a failed read."""
+    cache = Cache(tmp_path / "cache")
+    store = Store("edge", filesystem=_Bytes(bytes(range(100))))
+    cached_ranges(store, cache, "obj", "v", [(0, 10)])
+    [entry] = cache.entries()
+    entry.path.unlink()
+    (entry.path / "inside").mkdir(parents=True)
+    with pytest.raises(CorruptCacheEntry, match="damaged or unreadable; left in place"):
+        cache.get(entry.url, "v", 0, 10)
+    with pytest.warns(RuntimeWarning, match="cannot be written"):  # nor written again
+        got = cached_ranges(store, cache, "obj", "v", [(0, 10)])
+    assert bytes(got[(0, 10)]) == bytes(range(10))
+
+
+@pytest.mark.parametrize("max_bytes", [0, 0.5, -1, float("nan"), float("inf"), True, "1GB"])
+def test_cache_max_bytes_is_a_number_of_bytes(tmp_path: Path, max_bytes: Any) -> None:
+    with pytest.raises(pqloader.InvalidArgumentError, match="max_bytes must be a number"):
+        Cache(tmp_path, max_bytes=max_bytes)
+    assert Cache(tmp_path, max_bytes=50e9).max_bytes == 50_000_000_000
 
 
 def test_max_bytes_holds_when_several_processes_share_the_cache(tmp_path: Path) -> None:
