@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -266,6 +267,20 @@ def test_http_every_row_exactly_once(http_server: Callable[[Path], str],
     assert len(ds) == ROWS and all(f.startswith("http://") for f in ds.files)
     _exactly_once(_ids(pqloader.DataLoader(ds, batch_size=512, shuffle=True, num_workers=2)))
     assert ds[7] == {"id": 14, "x": pytest.approx(2.0), "tok": [14] * 4, "part": 0}
+
+
+def test_http_manifest_opens_without_reading_footers(http_server: Callable[[Path], str],
+                                                    tmp_path: Path) -> None:
+    """An HTML listing has no sizes: the manifest was read as 0 bytes, warned of as
+    unreadable, and every footer read instead."""
+    table = pa.table({"id": np.arange(ROWS), "x": np.arange(ROWS, dtype=np.float32) / 7})
+    pqloader.write_dataset(table, tmp_path / "flat", rows_per_file=3000, row_group_size=1000)
+    cache = pqloader.Cache(tmp_path / "cache")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = pqloader.ParquetDataset(http_server(tmp_path / "flat") + "/", cache=cache)
+    assert ds.io_stats()["requests"] == 1  # the manifest; no footer
+    assert _glob_ids(ds).tolist() == list(range(ROWS))
 
 
 def test_throttled_s3_completes_exactly_once_and_counts_retries(
