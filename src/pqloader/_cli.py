@@ -20,6 +20,7 @@ from ._convert import (
     FORMATS,
     CommandFailure,
     counted,
+    file_rows,
     guess_format,
     hint,
     open_source,
@@ -44,7 +45,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 # -- write -----------------------------------------------------------------------------------
 def _cmd_write(args: argparse.Namespace) -> int:
-    source = args.src.removeprefix("file://")
+    source, target = args.src.removeprefix("file://"), args.dst.removeprefix("file://")
+    if "://" in source:
+        raise CommandFailure(f"SRC {source}: pqloader write reads local files; copy them here "
+                             "first (a remote dataset opens for training as it is: "
+                             "pqloader.ParquetDataset(url))", code=2)
+    if "://" in target:
+        raise CommandFailure(f"DST {target}: pqloader write writes a local folder; write "
+                             "there, then copy the folder to the store", code=2)
     fmt = args.format or guess_format(source)
     try:
         typed = dict(args.column_type or [])
@@ -52,35 +60,37 @@ def _cmd_write(args: argparse.Namespace) -> int:
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, pqloader.PQLoaderError):
             raise
-        raise CommandFailure(f"{source}: {exc}; {hint(fmt, typed)}, or pass --format if it "
+        said = file_rows(str(exc), 0) if fmt == "jsonl" else str(exc)  # in the first block
+        raise CommandFailure(f"{source}: {said}; {hint(fmt, typed)}, or pass --format if it "
                              f"is not {fmt}") from exc
-    dst, src = Path(args.dst).resolve(), Path(source).resolve()
+    dst, src = Path(target).resolve(), Path(source).resolve()
     if (src.is_dir() and dst.is_relative_to(src)) or any(
             Path(p).resolve().is_relative_to(dst) for p in inputs):
-        raise CommandFailure(f"{args.dst} and {source} overlap; write outside the input, or "
+        raise CommandFailure(f"{target} and {source} overlap; write outside the input, or "
                        "reading either later would see the other", code=2)
     rows = [0]
     stream = pa.RecordBatchReader.from_batches(schema, counted(batches, source, fmt, rows,
                                                                typed))
     # --overwrite over a dataset writes the new files aside and swaps them in only at the end
-    replacing = args.overwrite and any(Path(args.dst).glob("part-*.parquet"))
+    replacing = args.overwrite and any(Path(target).glob("part-*.parquet"))
     try:
         paths = pqloader.write_dataset(
-            stream, args.dst, rows_per_file=args.rows_per_file,
+            stream, target, rows_per_file=args.rows_per_file,
             row_group_size=args.row_group_size, compression=args.compression,
             overwrite=args.overwrite, progress=not args.no_progress)
     except pqloader.InvalidArgumentError as exc:  # its advice is for Python callers
         raise CommandFailure(str(exc).replace("overwrite=True", "--overwrite")) from exc
     except CommandFailure as exc:  # say what the error left in DST
-        done = len(list(Path(args.dst).glob("part-*.parquet")))
+        done = len(list(Path(target).glob("part-*.parquet")))
         if replacing:  # those files are the old dataset, not a partial new one
-            raise CommandFailure(f"{exc}; {args.dst} was left unchanged: it still holds the "
+            raise CommandFailure(f"{exc}; {target} was left unchanged: it still holds the "
                                  f"previous dataset ({done} file{'s' * (done != 1)})") from exc
-        raise CommandFailure(f"{exc}; {args.dst} keeps {done} files written before the error: "
+        raise CommandFailure(f"{exc}; {target} keeps {done} file{'s' * (done != 1)} written "
+                             "before the error: "
                        "delete them or rerun with --overwrite" if done else str(exc)) from exc
     files, count = len(paths), rows[0]
     print(f"wrote {files:,} file{'s' * (files != 1)}, {count:,} row{'s' * (count != 1)} to "
-          f"{args.dst}")
+          f"{target}")
     return 0
 
 
@@ -290,3 +300,6 @@ def main(argv: list[str] | None = None) -> int:
     except (pqloader.PQLoaderError, OSError, pa.ArrowException) as exc:
         print(f"pqloader: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: what it stopped says so (write leaves its marker)
+        print("pqloader: interrupted", file=sys.stderr)
+        return 130

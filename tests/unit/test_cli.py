@@ -635,3 +635,44 @@ def test_bench_auto_with_processes_is_a_usage_error(make_dataset, capsys) -> Non
     code, _, err = run(capsys, "bench", make_dataset(ROWS), "--num-workers", "auto",
                        "--worker-type", "process")
     assert code == 2 and "--num-workers auto tunes thread workers" in err
+
+
+def test_write_reads_quoted_newlines_past_the_first_block(tmp_path: Path, capsys,
+                                                          monkeypatch) -> None:
+    import pqloader._convert as convert
+
+    monkeypatch.setattr(convert, "_BLOCK", 1 << 14)  # blocks of 16 KiB: 5,000 rows is several
+    src = tmp_path / "notes.csv"
+    src.write_text("id,note\n" + "".join(f'{i},"line {i}\nand more"\n' for i in range(5000)))
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert (code, err) == (0, "")
+    assert all_rows(tmp_path / "out")[4321] == {"id": 4321, "note": "line 4321\nand more"}
+
+
+def test_write_names_a_bad_json_row_by_its_place_in_the_file(tmp_path: Path, capsys,
+                                                            monkeypatch) -> None:
+    import pqloader._convert as convert
+
+    monkeypatch.setattr(convert, "_BLOCK", 1 << 16)
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(f'{{"a": {i}}}\n' for i in range(20_000)) + '{"a": {}}\n')
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1 and "in row 20,001 of the file (from 1)" in err  # pyarrow: its block's
+    src.write_text('{"a": 1}\n{"a": 2}\n{"a": {}}\n')
+    code, _, err = run(capsys, "write", src, tmp_path / "out2", "--no-progress")
+    assert code == 1 and "in row 3 of the file (from 1)" in err
+
+
+def test_write_takes_file_urls_and_refuses_remote_ones(make_dataset, tmp_path: Path,
+                                                       capsys) -> None:
+    src = make_dataset(100)
+    code, _, err = run(capsys, "write", src, f"file://{src}/copy", "--no-progress")
+    assert code == 2 and "overlap" in err  # was written inside its input: its rows twice
+    assert len(pqloader.ParquetDataset(src)) == 100
+    assert run(capsys, "write", f"file://{src}", f"file://{tmp_path}/copy",
+               "--no-progress")[0] == 0
+    assert all_rows(tmp_path / "copy") == all_rows(src)
+    code, _, err = run(capsys, "write", "s3://bucket/data/", tmp_path / "x", "--no-progress")
+    assert code == 2 and "SRC s3://bucket/data/: pqloader write reads local files" in err
+    code, _, err = run(capsys, "write", src, "s3://bucket/out/", "--no-progress")
+    assert code == 2 and "write there, then copy the folder" in err
