@@ -203,9 +203,10 @@ class DataLoader:
             self._processes.forget()  # persistent worker processes hold the old plan
 
     def __len__(self) -> int:
-        """Batches this rank yields this epoch (the same on every rank): an epoch resumed
-        under another world size or batch size deals what the old ranks left, so it may
-        differ from the others."""
+        """Batches of this epoch on this rank (the same on every rank): a whole epoch's, also
+        after a resume. For an epoch resumed under other settings (world size, batch size),
+        the batches before the state plus those dealt after it, so it may differ from the
+        epochs before and after."""
         return self._planner.epoch_batches(self._epoch)
 
     # -- resume -----------------------------------------------------------------------------
@@ -214,7 +215,8 @@ class DataLoader:
 
         It holds the epoch, the batches every rank has yielded in it, the settings that fix the
         order and a fingerprint of the dataset. Save it with the model at a step; in DDP the
-        ranks step in lockstep, so rank 0's state restores every rank.
+        ranks step in lockstep, so rank 0's state restores every rank whose settings are
+        rank 0's (the same ``num_workers`` and window size): else restore each rank's own.
         """
         batches = self._batches if self._resume is None else self._resume
         origin = self._planner.origin
@@ -246,7 +248,7 @@ class DataLoader:
         cursor = read_state(state, planner.fingerprint, current)
         try:
             saved = planner.level(cursor.epoch, cursor.settings, cursor.origin)
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, RecursionError) as exc:
             raise StateMismatchError(f"the state's plan cannot be rebuilt: {exc!r}") from exc
         if cursor.batches > saved[0].num_batches:
             raise StateMismatchError(

@@ -122,7 +122,7 @@ def read_state(state: Mapping[str, Any], dataset: Mapping[str, Any],
         raise StateMismatchError(f"state cursor epoch={epoch!r}, batches={batches!r} is invalid")
     _check_elastic(saved_settings, "settings")
     origin = state.get("resumed_from")
-    _check_origin(origin, set(settings))
+    _check_origin(origin, saved_settings)
     return Cursor(epoch, batches, dict(saved_settings), origin)
 
 
@@ -141,18 +141,31 @@ def _check_elastic(settings: Mapping[str, Any], where: str) -> None:
                 f"{low}); the state is damaged")
 
 
-def _check_origin(origin: Any, names: set[str], depth: int = 0) -> None:
-    """``resumed_from``: None, or the earlier plan's settings and cursor, recursively."""
+# Resumes under other settings within one epoch, each on the last: a real chain is a few long.
+MAX_CHAIN = 100
+
+
+def _check_origin(origin: Any, top: Mapping[str, Any], depth: int = 0) -> None:
+    """``resumed_from``: None, or the earlier plan's settings and cursor, recursively. Each
+    level keeps the settings no resume may change (a damaged seed there lost rows)."""
     where = "resumed_from" + ".resumed_from" * depth
     if origin is None:
         return
-    if not isinstance(origin, Mapping) or depth > 1000:
+    if not isinstance(origin, Mapping):
         raise StateMismatchError(f"the state's {where} {origin!r:.80} is not a dict")
+    if depth >= MAX_CHAIN:
+        raise StateMismatchError(f"the state's resumed_from chain is over {MAX_CHAIN} resumes "
+                                 "deep; the state is damaged")
     settings = origin.get("settings")
-    if not isinstance(settings, Mapping) or set(settings) != names:
+    if not isinstance(settings, Mapping) or set(settings) != set(top):
         raise StateMismatchError(f"the state's {where}.settings {settings!r:.80} are incomplete")
+    for name in FIXED:
+        if settings[name] != top[name]:
+            raise StateMismatchError(
+                f"the state's {where}.settings.{name}={settings[name]!r} differs from its "
+                f"settings.{name}={top[name]!r}, which no resume changes; the state is damaged")
     _check_elastic(settings, f"{where}.settings")
     if not _count(origin.get("batches")):
         raise StateMismatchError(
             f"the state's {where}.batches={origin.get('batches')!r} is invalid")
-    _check_origin(origin.get("resumed_from"), names, depth + 1)
+    _check_origin(origin.get("resumed_from"), top, depth + 1)

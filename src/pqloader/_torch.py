@@ -12,7 +12,7 @@ import torch.utils.data
 
 from ._collate import column_kinds
 from ._config import LoaderConfig, bytes_per_row
-from ._errors import InvalidArgumentError, check_positive
+from ._errors import InvalidArgumentError, StateMismatchError, check_positive
 from ._memory import RESERVE_BYTES, WINDOWS_PER_STREAM, MemoryBudget, window_bytes
 from ._pack import compact
 from ._pipeline import Stages, finish, raw_batches, worker_batches
@@ -125,11 +125,21 @@ class Planner:
                            world_size=c.world.world_size, drop_last=c.drop_last)
 
     def epoch_batches(self, epoch: int) -> int:
-        """Batches this rank yields in ``epoch``: ``len(self)``, but for an epoch resumed under
-        other settings, whose plan deals what the old ranks left (more or fewer batches)."""
+        """Batches of ``epoch`` on this rank: ``len(self)``, but for an epoch resumed under
+        other settings, those before the state and those its plan deals after (what the old
+        ranks left: more or fewer), so that it means the whole epoch, as after an exact
+        resume."""
         if self.origin is not None and self.origin[0] == epoch:
-            return self.plan(epoch, 1).num_batches
+            plan = self.plan(epoch, 1)
+            return plan.first_position + plan.num_batches
         return len(self)
+
+    def position(self, epoch: int) -> int:
+        """Batches of ``epoch`` before the first of its plan: those a state resumed under
+        other settings had yielded, else 0."""
+        if self.origin is not None and self.origin[0] == epoch:
+            return self.plan(epoch, 1).first_position
+        return 0
 
     def settings(self, num_workers: int) -> dict[str, Any]:
         """The settings that fix the order, as a saved state holds them."""
@@ -187,6 +197,11 @@ class Planner:
     def _deal_remainder(self, epoch: int, origin: Mapping[str, Any],
                         settings: Mapping[str, Any], rank: int) -> RankPlan:
         old = self.level(epoch, origin["settings"], origin.get("resumed_from"))
+        if origin["batches"] > old[0].num_batches:  # a damaged state: rows would be lost
+            raise StateMismatchError(
+                f"the state's resumed_from.batches={origin['batches']} (at some depth of the "
+                f"chain) is past its plan's {old[0].num_batches} batches per rank; the state is "
+                "damaged")
         left = remaining(old, origin["batches"])
         if origin.get("recut"):  # (states saved before it was: the old windows, as then)
             left = recut(left, settings["shuffle_window_rows"])
@@ -247,6 +262,13 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         self._planner = Planner(dataset, config)
         self._cursor = SharedCursor()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled in the parent for spawn and forkserver workers, where the process group
+        # shows: a spawned worker has none, so its own check in __iter__ passed, and every
+        # rank read every row.
+        check_world(self._planner.config.world, "dataset (ds.to_torch())")
+        return self.__dict__
+
     @classmethod
     def from_planner(cls, planner: Planner) -> TorchIterable:
         """The iterable of an already validated loader (no second validation)."""
@@ -259,14 +281,14 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         """The epoch of the next iteration (and batches of it to skip, when resuming)."""
         check_positive("epoch", epoch, allow_zero=True)
         check_positive("start", start, allow_zero=True)
-        batches = self._planner.epoch_batches(epoch)
+        batches = self._planner.epoch_batches(epoch) - self._planner.position(epoch)
         if start > batches:
             raise InvalidArgumentError(
                 f"start={start} is past the epoch's {batches} batches on this rank")
         self._cursor.set(epoch, start)
 
     def __len__(self) -> int:
-        """Batches this rank yields this epoch (over all of torch's workers together)."""
+        """Batches of this epoch on this rank (over all of torch's workers together)."""
         return self._planner.epoch_batches(self._cursor.get()[0])
 
     def __iter__(self) -> Iterator[Any]:

@@ -532,7 +532,9 @@ def _built_before_init(rank: int, world_size: int, port: int, source: str, out: 
                             world_size=world_size)
     try:
         told = []
-        for it in (early, early_torch):
+        spawned = torch.utils.data.DataLoader(  # its workers see no process group
+            early_torch, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+        for it in (early, early_torch, spawned):
             try:
                 next(iter(it))
                 told.append("")

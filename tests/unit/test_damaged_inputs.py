@@ -84,6 +84,65 @@ def test_a_damaged_state_is_refused_by_name(root: Path, path: list[str], value: 
         fresh.load_state_dict(state)
 
 
+def _resumed_state(ds: pqloader.ParquetDataset) -> dict[str, Any]:
+    """A state of an epoch resumed under another batch size: it holds a resumed_from."""
+    first = pqloader.DataLoader(ds, batch_size=10, shuffle=True, num_workers=0)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    second = pqloader.DataLoader(ds, batch_size=7, shuffle=True, num_workers=0)
+    second.load_state_dict(first.state_dict())
+    it = iter(second)
+    next(it)
+    state = copy.deepcopy(second.state_dict())
+    assert state["resumed_from"]["batches"] == 3
+    return state
+
+
+@pytest.mark.parametrize(("key", "value", "named"), [
+    ("seed", 99, r"resumed_from\.settings\.seed=99 differs"),  # lost 93 rows of 1,000
+    ("shuffle", False, r"resumed_from\.settings\.shuffle=False differs"),
+    ("batches", 10**6, r"resumed_from\.batches=1000000 .*past its plan's"),  # lost 880
+    ("chain", 400, r"resumed_from chain is over 100"),  # was a RecursionError
+])
+def test_a_damaged_resumed_from_is_refused_by_name(root: Path, key: str, value: Any,
+                                                   named: str) -> None:
+    ds = pqloader.ParquetDataset(root)
+    state = _resumed_state(ds)
+    if key == "batches":
+        state["resumed_from"]["batches"] = value
+    elif key == "chain":
+        for _ in range(value):
+            state["resumed_from"] = {**copy.deepcopy(state["resumed_from"]),
+                                     "resumed_from": state["resumed_from"]}
+    else:
+        state["resumed_from"]["settings"][key] = value
+    fresh = pqloader.DataLoader(ds, batch_size=7, shuffle=True, num_workers=0)
+    with pytest.raises(pqloader.StateMismatchError, match=named):
+        fresh.load_state_dict(state)
+    fresh.load_state_dict(_resumed_state(ds))  # undamaged: restored
+
+
+def test_len_is_the_whole_epoch_after_an_exact_or_an_elastic_resume(root: Path) -> None:
+    ds = pqloader.ParquetDataset(root)
+    loader = pqloader.DataLoader(ds, batch_size=10, num_workers=2)
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    state = loader.state_dict()
+    for workers in (2, 3):  # the same settings, or other ones (elastic)
+        again = pqloader.DataLoader(ds, batch_size=10, num_workers=workers)
+        again.load_state_dict(state)
+        assert len(again) == len(loader) == 10
+        assert sum(1 for _ in again) == 6
+    smaller = pqloader.DataLoader(ds, batch_size=7, num_workers=0)
+    smaller.load_state_dict(state)
+    assert len(smaller) == 4 + 9  # 40 rows before; the 60 left in batches of 7
+    assert sum(1 for _ in smaller) == 9
+    smaller.set_epoch(1)
+    assert len(smaller) == 15  # the next epoch: whole, in batches of 7
+
+
 def test_a_column_named_with_a_dot_is_sized_as_itself(tmp_path: Path) -> None:
     vectors = pa.array([[1.0] * 128] * 1000, pa.list_(pa.float64(), 128))
     pq.write_table(pa.table({"emb.vec": vectors, "id": list(range(1000))}), tmp_path / "a.pq")
