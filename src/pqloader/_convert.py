@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
@@ -116,7 +117,8 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
         raise CommandFailure(f"{source} holds no column: nothing to write")
     if first is None:  # a header alone: an empty dataset of its columns, typed null
         return schema, iter(()), [source]
-    problem = guess_problem(schema, types, source)
+    problem = guess_problem(schema, types, source) or (
+        _zeros(source, schema, types, encoding) if fmt == "csv" else None)
     if problem:
         raise CommandFailure(problem)
     return schema, itertools.chain([first], batches), [source]
@@ -140,13 +142,38 @@ def text_encoding(encoding: str | None, fmt: str) -> None:
 
 # Blocks of 16 MiB, not pyarrow's 1 MiB: a field or a line up to that size reads (a ~3 MB one
 # failed, "straddles two block boundaries"), and column types are guessed from more rows.
-def _open_csv(source: str, types: dict[str, pa.DataType], encoding: str | None) -> Any:
+def _open_csv(source: str, types: dict[str, pa.DataType], encoding: str | None,
+              only: list[str] | None = None) -> Any:
     return pa_csv.open_csv(
         source, read_options=pa_csv.ReadOptions(block_size=_BLOCK, encoding=encoding or "utf8"),
         # quoted fields may hold newlines (RFC 4180): without this, one past the first block
         # failed, "out of sync with chunker" (measured: no slower on 2M rows)
         parse_options=pa_csv.ParseOptions(newlines_in_values=True),
-        convert_options=pa_csv.ConvertOptions(column_types=types))
+        convert_options=pa_csv.ConvertOptions(column_types=types, include_columns=only))
+
+
+def _zeros(source: str, schema: pa.Schema, types: dict[str, pa.DataType],
+           encoding: str | None) -> str | None:
+    """Text with leading zeros in a column guessed integer (zip codes, phone numbers, padded
+    ids: "01234" became 1234), in the rows the types were guessed from: those read again as
+    text."""
+    guessed = [f.name for f in schema if pa.types.is_integer(f.type) and f.name not in types]
+    if not guessed:
+        return None
+    text = _open_csv(source, dict.fromkeys(guessed, pa.string()), encoding, guessed)
+    first = next(iter(text), None)
+    if first is None:
+        return None
+    for name in guessed:
+        padded = pc.match_substring_regex(first.column(name), r"^\s*[+-]?0[0-9]")
+        if pc.any(padded).as_py():
+            row = pc.index(padded, True).as_py()
+            return (f"{source}: column {name!r} was guessed {schema.field(name).type}, and its "
+                    f"row {row + 1:,} (from 1, after any header) is "
+                    f"{first.column(name)[row].as_py()!r}: an integer drops its leading zero. "
+                    f"Pass --column-type {name}=string to keep the text (zip codes, phone "
+                    f"numbers, ids), or --column-type {name}=int64 if it is a number")
+    return None
 
 
 def _open_json(source: str, types: dict[str, pa.DataType]) -> Any:

@@ -1,6 +1,7 @@
 """The types CSV and JSON Lines leave to pyarrow's guess: set with ``--column-type``, and
 checked where a guess would write something other than the file's text.
 
+(Leading zeros in a CSV column guessed integer are found where the text is, ``_convert._zeros``.)
 Each check returns what is wrong, naming the file, column and row and the fix, or ``None``;
 ``pqloader write`` (``_convert.py``) refuses the source with it.
 """

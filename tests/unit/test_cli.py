@@ -676,3 +676,19 @@ def test_write_takes_file_urls_and_refuses_remote_ones(make_dataset, tmp_path: P
     assert code == 2 and "SRC s3://bucket/data/: pqloader write reads local files" in err
     code, _, err = run(capsys, "write", src, "s3://bucket/out/", "--no-progress")
     assert code == 2 and "write there, then copy the folder" in err
+
+
+def test_write_refuses_leading_zeros_an_integer_would_drop(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "places.csv"
+    src.write_text("id,zip,phone\n1,90210,612345678\n2,01234,0612345678\n")
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1 and "column 'zip' was guessed int64, and its row 2" in err
+    assert "'01234'" in err and "--column-type zip=string" in err
+    assert not (tmp_path / "out").exists()
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress",
+                       "--column-type", "zip=string", "--column-type", "phone=string")
+    assert code == 0
+    assert all_rows(tmp_path / "out")[1] == {"id": 2, "zip": "01234", "phone": "0612345678"}
+    code, _, err = run(capsys, "write", src, tmp_path / "n", "--no-progress",
+                       "--column-type", "zip=int64", "--column-type", "phone=int64")
+    assert code == 0 and all_rows(tmp_path / "n")[1]["zip"] == 1234  # asked for
