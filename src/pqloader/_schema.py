@@ -52,19 +52,38 @@ def partition_schema(entries: Sequence[FileEntry]) -> pa.Schema:
     return pa.schema(fields)
 
 
+# Layouts of the same values: 32-bit offsets or 64-bit (pandas 2 writes string, pandas 3
+# large_string). Files of both make one dataset, read in the large layout.
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _is_bytes(t: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+_LAYOUTS = (_is_text, _is_bytes)
+
+
+def _is_varlist(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
+
+
 def same_type(a: pa.DataType, b: pa.DataType) -> bool:
-    """Types equal up to the names of list elements (Spark says 'element', pyarrow 'item') and
-    the nullability of nested fields (Spark's ``containsNull=false`` in one job's files only),
-    with ``null`` (the type pandas gives an object column without a value, as in an empty
-    shard) matching any type: :func:`looser` makes one type of the two."""
+    """Types equal up to the names of list elements (Spark says 'element', pyarrow 'item'),
+    the nullability of nested fields (Spark's ``containsNull=false`` in one job's files only)
+    and the offsets' width (``string`` and ``large_string``, ``list`` and ``large_list``), with
+    ``null`` (the type pandas gives an object column without a value, as in an empty shard)
+    matching any type: :func:`looser` makes one type of the two."""
     if a.equals(b) or pa.types.is_null(a) or pa.types.is_null(b):
         return True  # null: no values (an empty object column from pandas), so any type's
-    list_kinds = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
-    for is_kind in list_kinds:
-        if is_kind(a) and is_kind(b):
-            if pa.types.is_fixed_size_list(a) and a.list_size != b.list_size:
-                return False
-            return same_type(a.value_type, b.value_type)
+    for kind in _LAYOUTS:  # string and large_string: the same values (pandas 3 writes large)
+        if kind(a) and kind(b):
+            return True
+    if _is_varlist(a) and _is_varlist(b):  # list and large_list
+        return same_type(a.value_type, b.value_type)
+    if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b):
+        return a.list_size == b.list_size and same_type(a.value_type, b.value_type)
     if pa.types.is_map(a) and pa.types.is_map(b):
         return (a.keys_sorted == b.keys_sorted and same_type(a.key_type, b.key_type)
                 and same_type(a.item_type, b.item_type))
@@ -77,8 +96,12 @@ def same_type(a: pa.DataType, b: pa.DataType) -> bool:
 def looser(a: pa.DataType, b: pa.DataType) -> pa.DataType:
     """``a`` (:func:`same_type` as ``b``) with each nested field nullable where ``b``'s is: the
     type both files' values fit (casting to ``a`` declared a list's elements not null while the
-    other file's held nulls), and the other's type where one is ``null``."""
+    other file's held nulls), the other's type where one is ``null``, the large layout where
+    one is large (``large_string`` for ``string``)."""
     if pa.types.is_null(a):
+        return b
+    if (pa.types.is_string(a) and pa.types.is_large_string(b)) or (
+            pa.types.is_binary(a) and pa.types.is_large_binary(b)):
         return b
     if a.equals(b) or a.num_fields == 0 or a.num_fields != b.num_fields:
         return a
@@ -90,7 +113,7 @@ def looser(a: pa.DataType, b: pa.DataType) -> pa.DataType:
         return pa.map_(key, item, a.keys_sorted)
     if pa.types.is_fixed_size_list(a):
         return pa.list_(fields[0], a.list_size)
-    if pa.types.is_large_list(a):
+    if pa.types.is_large_list(a) or pa.types.is_large_list(b):
         return pa.large_list(fields[0])
     if pa.types.is_list(a):
         return pa.list_(fields[0])

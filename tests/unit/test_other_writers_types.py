@@ -248,3 +248,26 @@ def test_int96_timestamps_keep_dates_past_2262_and_before_1677(tmp_path: Path) -
     late = pqloader.ParquetDataset(tmp_path, filter=pc.field("valid_to") > pa.scalar(
         dt.datetime(3000, 1, 1), pa.timestamp("us")))
     assert [r["id"] for r in late.__getitems__(range(len(late)))] == [3]
+
+
+def test_string_and_large_string_files_make_one_dataset(tmp_path: Path) -> None:
+    """pandas 2 writes string, pandas 3 large_string: a dataset appended to across an upgrade
+    was refused ("'s' is string in a but large_string in b")."""
+    pq.write_table(pa.table({"id": [0, 1], "s": pa.array(["a", "b"]), "b": [b"x", b"y"],
+                             "l": pa.array([[1], [2, 3]], pa.list_(pa.int32()))}),
+                   tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [2, 3], "s": pa.array(["c", None], pa.large_string()),
+                             "b": pa.array([b"z", b"w"], pa.large_binary()),
+                             "l": pa.array([[4], []], pa.large_list(pa.int32()))}),
+                   tmp_path / "b.parquet")
+    ds = pqloader.ParquetDataset(tmp_path)
+    assert ds.columns == {"id": pa.int64(), "s": pa.large_string(), "b": pa.large_binary(),
+                          "l": pa.large_list(pa.field("element", pa.int32()))}
+    assert ds.__getitems__([1, 2]) == [{"id": 1, "s": "b", "b": b"y", "l": [2, 3]},
+                                       {"id": 2, "s": "c", "b": b"z", "l": [4]}]
+    batch = next(iter(pqloader.DataLoader(ds, batch_size=4, shuffle=True, seed=1)))
+    rows = {i: (s, b) for i, s, b in zip(batch["id"].tolist(), batch["s"], batch["b"],
+                                         strict=True)}
+    assert rows == {0: ("a", b"x"), 1: ("b", b"y"), 2: ("c", b"z"), 3: (None, b"w")}
+    assert batch["l_lengths"].tolist() == [[1, 2, 1, 0][i] for i in batch["id"].tolist()]
+    assert len(pqloader.ParquetDataset(tmp_path, filter=pc.field("s") == "c")) == 1
