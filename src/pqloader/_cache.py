@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import numbers
 import os
 import shutil
 import struct
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ._entry import Buffer, CorruptCacheEntry, decode, read_header, write
@@ -69,8 +71,8 @@ class Cache:
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int | float | None = None
                  ) -> None:
-        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(
-                max_bytes, (int, float)) or not 1 <= max_bytes < 2**63):  # nor nan, nor inf
+        if max_bytes is not None and (isinstance(max_bytes, (bool, np.bool_)) or not isinstance(
+                max_bytes, numbers.Real) or not 1 <= max_bytes < 2**63):  # nor nan, nor inf
             raise InvalidArgumentError(f"Cache max_bytes must be a number of bytes >= 1 (e.g. "
                                        f"50e9), or None for no limit; got {max_bytes!r}")
         self.directory = Path(directory)

@@ -22,12 +22,15 @@ READ: dict[str, Any] = {"coerce_int96_timestamp_unit": "us"}  # for pq.ParquetFi
 def file_schema(md: pq.FileMetaData) -> pa.Schema:
     """A footer's Arrow schema as pqloader reads the file: its INT96 columns in microseconds."""
     schema = md.schema.to_arrow_schema()
-    if not any(_has_ns(t) for t in schema.types):  # no INT96 possible: the common case, fast
+    # The common cases, fast: no ns timestamp (no INT96 possible), or no int96 in the Parquet
+    # schema's text (a column's name may hold it: then the leaves are asked, slower).
+    if not any(_has_ns(t) for t in schema.types) or "int96" not in str(md.schema).lower():
         return schema
     fields, leaf = [], 0
     for field in schema:
         n = leaf_count(field.type)
-        if any(md.schema.column(i).physical_type == "INT96" for i in range(leaf, leaf + n)):
+        if _has_ns(field.type) and any(md.schema.column(i).physical_type == "INT96"
+                                       for i in range(leaf, leaf + n)):
             field = field.with_type(_in_us(field.type))
         fields.append(field)
         leaf += n

@@ -21,7 +21,13 @@ import pyarrow.parquet as pq
 
 from ._cache import Buffer, CorruptCacheEntry
 from ._discover import Discovery, FileEntry
-from ._errors import CorruptFileError, DatasetNotFoundError, PQLoaderError, SchemaMismatchError
+from ._errors import (
+    CorruptFileError,
+    DataError,
+    DatasetNotFoundError,
+    PQLoaderError,
+    SchemaMismatchError,
+)
 from ._fetch import cached_ranges
 from ._footers import remote_footer
 from ._fs import ObjectInfo
@@ -160,9 +166,7 @@ class FragmentReader:
             if not table.schema.equals(d.schema):
                 table = table.cast(d.schema)
         except (pa.ArrowException, KeyError, ValueError) as exc:
-            raise SchemaMismatchError(
-                f"{entry.path}: row group {row_group} does not fit the dataset's schema "
-                f"({exc}); {_CHANGED}") from exc
+            raise _misfit(f"{entry.path}: row group {row_group}", table, d.schema, exc) from exc
         return table
 
     def parquet_file(self, fragment: int, **options: Any) -> pq.ParquetFile:
@@ -254,6 +258,26 @@ class FragmentReader:
                 first += n
             self._leaves[file_index] = leaves
         return leaves
+
+
+def _misfit(where: str, table: pa.Table, schema: pa.Schema, exc: Exception) -> Exception:
+    """Why ``table`` does not cast to the dataset's ``schema``: values of a column that do
+    not fit the type other files gave it (timestamps past 2262 in ns beside files in ns), or
+    else a file changed since the dataset was opened."""
+    for field in schema:
+        i = table.schema.get_field_index(field.name)
+        if i < 0 or table.schema.field(i).type.equals(field.type):
+            continue
+        try:
+            table.column(i).cast(field.type)
+        except pa.ArrowInvalid as bad:
+            return DataError(
+                f"{where}, column {field.name!r}: its {table.schema.field(i).type} values do "
+                f"not fit the dataset's {field.type}, the type other files give it ({bad}); "
+                "rewrite the files in one type, or read these files apart")
+        except pa.ArrowException:
+            break
+    return SchemaMismatchError(f"{where} does not fit the dataset's schema ({exc}); {_CHANGED}")
 
 
 def partition_columns(entry: FileEntry, fields: Sequence[pa.Field], num_rows: int

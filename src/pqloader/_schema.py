@@ -63,6 +63,7 @@ def _is_bytes(t: pa.DataType) -> bool:
 
 
 _LAYOUTS = (_is_text, _is_bytes)
+_UNITS = ("s", "ms", "us", "ns")
 
 
 def _is_varlist(t: pa.DataType) -> bool:
@@ -71,15 +72,18 @@ def _is_varlist(t: pa.DataType) -> bool:
 
 def same_type(a: pa.DataType, b: pa.DataType) -> bool:
     """Types equal up to the names of list elements (Spark says 'element', pyarrow 'item'),
-    the nullability of nested fields (Spark's ``containsNull=false`` in one job's files only)
-    and the offsets' width (``string`` and ``large_string``, ``list`` and ``large_list``), with
-    ``null`` (the type pandas gives an object column without a value, as in an empty shard)
-    matching any type: :func:`looser` makes one type of the two."""
+    the nullability of nested fields (Spark's ``containsNull=false`` in one job's files only),
+    the offsets' width (``string`` and ``large_string``, ``list`` and ``large_list``) and
+    timestamps' units (of one time zone), with ``null`` (the type pandas gives an object
+    column without a value, as in an empty shard) matching any type: :func:`looser` makes one
+    type of the two."""
     if a.equals(b) or pa.types.is_null(a) or pa.types.is_null(b):
         return True  # null: no values (an empty object column from pandas), so any type's
     for kind in _LAYOUTS:  # string and large_string: the same values (pandas 3 writes large)
         if kind(a) and kind(b):
             return True
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b):  # units: Spark's INT96 (read
+        return bool(a.tz == b.tz)  # in us) beside pandas' ns; read in the finer one, exactly
     if _is_varlist(a) and _is_varlist(b):  # list and large_list
         return same_type(a.value_type, b.value_type)
     if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b):
@@ -103,6 +107,8 @@ def looser(a: pa.DataType, b: pa.DataType) -> pa.DataType:
     if (pa.types.is_string(a) and pa.types.is_large_string(b)) or (
             pa.types.is_binary(a) and pa.types.is_large_binary(b)):
         return b
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b):  # (a value past the finer
+        return a if _UNITS.index(a.unit) >= _UNITS.index(b.unit) else b  # unit's range: named)
     if a.equals(b) or a.num_fields == 0 or a.num_fields != b.num_fields:
         return a
     fields = [_looser_field(a.field(i), b.field(i)) for i in range(a.num_fields)]

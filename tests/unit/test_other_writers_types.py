@@ -271,3 +271,23 @@ def test_string_and_large_string_files_make_one_dataset(tmp_path: Path) -> None:
     assert rows == {0: ("a", b"x"), 1: ("b", b"y"), 2: ("c", b"z"), 3: (None, b"w")}
     assert batch["l_lengths"].tolist() == [[1, 2, 1, 0][i] for i in batch["id"].tolist()]
     assert len(pqloader.ParquetDataset(tmp_path, filter=pc.field("s") == "c")) == 1
+
+
+def test_int96_files_beside_nanosecond_files_read_in_nanoseconds(tmp_path: Path) -> None:
+    """Spark's INT96 (read in us) beside pandas' datetime64[ns] (INT64 ns): one dataset, in
+    the finer unit, as before INT96 was read in us; a date ns cannot hold is named."""
+    when = [dt.datetime(2000, 1, 1), dt.datetime(2024, 1, 1, 0, 0, 0, 5)]
+    table = pa.table({"id": [0, 1], "t": pa.array(when, pa.timestamp("ns"))})
+    pq.write_table(table, tmp_path / "spark.parquet", use_deprecated_int96_timestamps=True,
+                   store_schema=False)
+    pq.write_table(table, tmp_path / "pandas.parquet")
+    ds = pqloader.ParquetDataset(tmp_path)
+    assert ds.columns["t"] == pa.timestamp("ns")
+    assert [r["t"] for r in ds.__getitems__(range(4))] == when * 2
+    far = pa.table({"id": [2], "t": pa.array([dt.datetime(9999, 12, 31)], pa.timestamp("us"))})
+    pq.write_table(far, tmp_path / "spark.parquet", use_deprecated_int96_timestamps=True,
+                   store_schema=False)
+    ds = pqloader.ParquetDataset(tmp_path)
+    with pytest.raises(pqloader.DataError, match=r"spark\.parquet: row group 0, column 't': "
+                       r"its timestamp\[us\] values do not fit the dataset's timestamp\[ns\]"):
+        ds.__getitems__(range(3))

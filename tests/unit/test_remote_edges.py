@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -149,6 +150,7 @@ def test_cache_max_bytes_is_a_number_of_bytes(tmp_path: Path, max_bytes: Any) ->
     with pytest.raises(pqloader.InvalidArgumentError, match="max_bytes must be a number"):
         Cache(tmp_path, max_bytes=max_bytes)
     assert Cache(tmp_path, max_bytes=50e9).max_bytes == 50_000_000_000
+    assert Cache(tmp_path, max_bytes=np.int64(10**9)).max_bytes == 10**9  # numpy's too
 
 
 def test_max_bytes_holds_when_several_processes_share_the_cache(tmp_path: Path) -> None:

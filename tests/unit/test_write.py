@@ -289,12 +289,37 @@ def test_dict_rows_pyarrow_would_guess_into_other_values_are_refused(
     rows = [{"a": first}, {"a": first}] + [{"a": first}] * (where == "later-rows") + \
         [{"a": first}, {"a": other}]  # the last two rows: one chunk
     root = tmp_path / "out"
-    with pytest.raises(pqloader.DataError, match=rf"column 'a'.*\({kinds} mixed\)"):
+    with pytest.raises(pqloader.DataError, match=rf"column 'a'.*\({kinds}\)"):
         pqloader.write_dataset(rows[-2:] if where == "first-rows" else rows[1:], root,
                                row_group_size=2)
     assert not root.exists()
     pqloader.write_dataset([{"a": first}, {"a": first}], root)  # one kind: as it was
     assert pq.read_table(root).column("a").to_pylist() == [first, first]
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param(pd.Timestamp("2024-01-01 00:00:05.000000001"), id="timestamp-nanoseconds"),
+    pytest.param(datetime.time(12, tzinfo=_PARIS), id="aware-time"),
+    pytest.param([datetime.date(2024, 1, 1), datetime.datetime(2024, 1, 1, 12)],
+                 id="date-and-datetime-in-a-list"),
+])
+def test_dict_rows_whose_values_pyarrow_changes_alone_are_refused(tmp_path: Path,
+                                                                 value: Any) -> None:
+    with pytest.raises(pqloader.DataError, match=r"column 'a'.*changing some"):
+        pqloader.write_dataset([{"a": value}, {"a": value}], tmp_path / "out")
+
+
+def test_dict_rows_of_one_kind_each_are_written_as_they_are(tmp_path: Path) -> None:
+    when = datetime.datetime(2024, 1, 1, 12, 30)
+    rows = [{"np": np.datetime64("2024-01-01T12:30:00"), "ts": pd.Timestamp(when),
+             "aware": when.replace(tzinfo=_PARIS), "events": [when, when],
+             "span": {"from": datetime.date(2024, 1, 1), "to": when},
+             "t": datetime.time(12, 30)} for _ in range(3)]
+    pqloader.write_dataset(rows, tmp_path / "out", row_group_size=2)
+    back = pq.read_table(tmp_path / "out").to_pylist()
+    assert back[2]["np"] == when and back[2]["ts"] == when and back[2]["events"] == [when] * 2
+    assert back[0]["aware"] == when.replace(tzinfo=_PARIS) and back[1]["t"] == rows[1]["t"]
+    assert back[1]["span"] == {"from": datetime.date(2024, 1, 1), "to": when}
 
 
 def test_dict_rows_and_object_columns_of_ints_past_int64_name_the_column(
