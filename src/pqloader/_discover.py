@@ -67,6 +67,13 @@ class Discovery:
     cache: Cache | None = None  # the local cache of remote bytes
     # filter=: the rows read (_filter.py); num_rows counts them once _kept.py has
     filter: RowFilter | None = None
+    # int64, what a read of each fragment holds before a filter keeps its rows (the whole row
+    # group decoded): byte_size, unless a filter made that the kept rows' share
+    read_bytes: np.ndarray | None = None
+
+    def held(self) -> np.ndarray:
+        """Bytes a read of each fragment holds at once (decoded, before any filter)."""
+        return self.byte_size if self.read_bytes is None else self.read_bytes
 
     def where(self, fragment: int) -> str:
         """A fragment as errors name it: its file and row group."""

@@ -63,17 +63,28 @@ class RowFilter:
         """The rows of ``table`` the filter keeps, in order (``where``: the file and row group,
         for the error an expression failing on these values raises, say an overflow)."""
         try:
-            return table.filter(self.expression)
+            return self._typed(table).filter(self.expression)
         except (pa.ArrowException, ValueError) as exc:
             raise self._failed(where, exc) from exc
+
+    def _typed(self, table: pa.Table) -> pa.Table:
+        """``table`` with the filter's columns in the dataset's types, as the rows kept were
+        counted: a file's own (timestamp[us] beside files in ns) made ``cast(int64)`` keep
+        others, and the read fail as a file changed."""
+        for field in self.schema:
+            i = table.schema.get_field_index(field.name)
+            if i >= 0 and not table.schema.field(i).type.equals(field.type):
+                table = table.set_column(i, field.name, table.column(i).cast(field.type))
+        return table
 
     def mask(self, table: pa.Table, where: str) -> np.ndarray:
         """Whether the filter keeps each row of ``table``: a bool per row, without copying the
         rows kept (what counting needs)."""
-        plan = acero.Declaration.from_sequence([
-            acero.Declaration("table_source", acero.TableSourceNodeOptions(table)),
-            acero.Declaration("project", acero.ProjectNodeOptions([self.expression], ["k"]))])
         try:
+            plan = acero.Declaration.from_sequence([
+                acero.Declaration("table_source", acero.TableSourceNodeOptions(
+                    self._typed(table))),
+                acero.Declaration("project", acero.ProjectNodeOptions([self.expression], ["k"]))])
             keep = plan.to_table(use_threads=False).column(0)  # one thread: rows in order
         except (pa.ArrowException, ValueError) as exc:
             raise self._failed(where, exc) from exc

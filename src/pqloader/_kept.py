@@ -65,7 +65,8 @@ def count_kept(d: Discovery) -> Discovery:
             f"{len(d.files)} files; check its values against the data")
     return replace(d, file_index=d.file_index[some], row_group=d.row_group[some],
                    num_rows=kept[some],
-                   byte_size=(d.byte_size[some] * kept[some]) // d.num_rows[some])
+                   byte_size=(d.byte_size[some] * kept[some]) // d.num_rows[some],
+                   read_bytes=d.held()[some])  # a read decodes the whole row group first
 
 
 def _chunks(fragments: np.ndarray, num_rows: np.ndarray) -> list[list[int]]:

@@ -53,15 +53,16 @@ def check_room(dataset: ParquetDataset, config: LoaderConfig, streams: int) -> N
     d = dataset._discovery
     budget_bytes = config.memory_budget_bytes
     assert budget_bytes is not None
-    largest = int(d.byte_size.argmax()) if len(d.byte_size) else 0
-    need = RESERVE_BYTES + WINDOWS_PER_STREAM * streams * int(d.byte_size[largest]) \
-        if len(d.byte_size) else 0
+    held = d.held()  # a read holds a whole row group, also the rows a filter then drops
+    largest = int(held.argmax()) if len(held) else 0
+    need = RESERVE_BYTES + WINDOWS_PER_STREAM * streams * int(held[largest]) \
+        if len(held) else 0
     if budget_bytes < need:
         path = d.files[int(d.file_index[largest])].path
         raise InvalidArgumentError(
             f"memory_budget_bytes={budget_bytes:,} cannot hold {streams} worker stream(s) of "
             f"up to {WINDOWS_PER_STREAM} shuffle windows each, a window being at least one row "
-            f"group ({int(d.byte_size[largest]):,} bytes decoded for {path} row group "
+            f"group ({int(held[largest]):,} bytes decoded for {path} row group "
             f"{int(d.row_group[largest])}): give at least {need:,} bytes, fewer num_workers, "
             "or write smaller row groups (write_dataset(row_group_size=...))"
         )

@@ -318,3 +318,37 @@ def test_a_filter_column_the_first_file_lacks_is_named_so(tmp_path: Path) -> Non
     with pytest.raises(pqloader.ColumnNotFoundError, match=r"reads column 'extra', which "
                        r".*a\.parquet \(the first file\) does not have"):
         pqloader.ParquetDataset(tmp_path, columns=["id"], filter=pc.field("extra") > 0)
+
+
+def test_a_filter_does_not_hide_the_row_groups_a_budget_must_hold(tmp_path: Path) -> None:
+    """A read decodes the whole row group before the filter keeps 1 row in 128: the budget's
+    check took the kept share, and the loader ran at 2x its budget."""
+    from pqloader._memory import RESERVE_BYTES
+
+    n = 200_000  # one row group of ~13 MiB decoded
+    table = pa.table({"id": np.arange(n), **{f"f{i}": np.ones(n, np.float32) for i in range(16)}})
+    pqloader.write_dataset(table, tmp_path / "ds", row_group_size=n)
+    budget = RESERVE_BYTES + 40 * 2**20  # room for small windows, not for 2 x 5 row groups
+    for kept in (None, pc.bit_wise_and(pc.field("id"), 127) == 0):
+        ds = pqloader.ParquetDataset(tmp_path / "ds", filter=kept)
+        with pytest.raises(pqloader.InvalidArgumentError, match=r"row group \(1[34],"):
+            pqloader.DataLoader(ds, batch_size=64, num_workers=2, memory_budget_bytes=budget)
+
+
+def test_a_filter_sees_the_dataset_types_when_reading_as_when_counting(tmp_path: Path) -> None:
+    """Files in ns and in us make one ns column: a filter on its integers kept other rows at
+    the read (the file's us) than at the count (ns), and the read failed as a changed file."""
+    import datetime as dt
+
+    days = [dt.datetime(2024, 1, 1) + dt.timedelta(days=i) for i in range(10)]
+    pq.write_table(pa.table({"id": range(10), "ts": pa.array(days, pa.timestamp("ns"))}),
+                   tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": range(10, 20), "ts": pa.array(days, pa.timestamp("us"))}),
+                   tmp_path / "b.parquet")
+    day5 = int(pa.scalar(days[5], pa.timestamp("ns")).cast(pa.int64()).as_py())
+    ds = pqloader.ParquetDataset(tmp_path, filter=pc.field("ts").cast(pa.int64()) >= day5)
+    assert ds.columns["ts"] == pa.timestamp("ns")
+    assert sorted(r["id"] for r in ds.__getitems__(range(len(ds)))) == [5, 6, 7, 8, 9, 15, 16,
+                                                                        17, 18, 19]
+    loader = pqloader.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)
+    assert sorted(int(i) for b in loader for i in b["id"]) == [5, 6, 7, 8, 9, 15, 16, 17, 18, 19]
