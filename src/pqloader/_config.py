@@ -58,10 +58,14 @@ class LoaderConfig:
         if self.memory_budget_bytes is None:
             return max(self.batch_size, int(DEFAULT_WINDOW_BYTES / per_row))
         # A window closes on the row group that reaches window_rows: it can pass the target
-        # by one row group, so the target leaves room for the largest.
+        # by one row group, so the target leaves room for the largest. Its rows may all be
+        # of the heaviest row groups (long texts in some files, labels in others): sized by
+        # the dataset's mean row, such a window held 10x its share, the budget 2x.
         target = min(DEFAULT_WINDOW_BYTES, window_bytes(self.memory_budget_bytes, streams))
         largest = int(byte_size.max()) if len(byte_size) else 0
-        return max(self.batch_size, int(max(0, target - largest) / per_row))
+        heaviest = float((byte_size / np.maximum(fragment_rows, 1)).max()) if len(
+            byte_size) else per_row
+        return max(self.batch_size, int(max(0, target - largest) / max(per_row, heaviest)))
 
 
 def bytes_per_row(fragment_rows: np.ndarray, byte_size: np.ndarray) -> float:

@@ -216,3 +216,21 @@ def test_dictionary_encoded_strings_in_lists_stay_in_the_budget(tmp_path: Path) 
     added, ids = _peak_added(loader)
     assert added <= budget, f"added {added / MIB:.0f} MiB over {budget / MIB:.0f} MiB"
     assert np.array_equal(np.sort(ids), np.arange(1_000_000))
+
+
+def test_files_of_heavy_and_light_rows_stay_in_the_budget(tmp_path: Path) -> None:
+    """Labels in one file, 16 KiB texts in another: windows sized by the mean row held up
+    to 10x their share of heavy rows, and the loader 2x its budget."""
+    light = pa.table({"id": np.arange(1_000_000), "text": pa.array(["x"] * 1_000_000)})
+    pqloader.write_dataset(light, tmp_path / "light", row_group_size=125_000)
+    heavy = pa.table({"id": np.arange(1_000_000, 1_006_400),
+                      "text": pa.array([f"{i:08d}" + "y" * 16_376 for i in range(6_400)])})
+    pqloader.write_dataset(heavy, tmp_path / "heavy", row_group_size=128, compression="zstd")
+    ds = pqloader.ParquetDataset([tmp_path / "light", tmp_path / "heavy"])
+    budget = 64 * MIB
+    loader = pqloader.DataLoader(
+        ds, batch_size=256, shuffle=True, seed=0, num_workers=0, memory_budget_bytes=budget,
+        collate_fn=lambda b: {"id": torch.from_numpy(b.column("id").to_numpy().copy())})
+    added, ids = _peak_added(loader)
+    assert added <= budget, f"added {added / MIB:.0f} MiB over {budget / MIB:.0f} MiB"
+    assert np.array_equal(np.sort(ids), np.arange(1_006_400))
