@@ -49,7 +49,8 @@ class TunerReport:
 
 
 class ThreadTuner:
-    """Chooses a thread count in ``0 .. max_threads`` from batches/s measured by the caller.
+    """Chooses a thread count in ``min_threads .. max_threads`` from batches/s measured by the
+    caller.
 
     Call :meth:`observe` once per delivered batch; when it returns a number, set that many
     threads. Each interval lasts at least ``interval_s`` seconds and ``min_batches`` batches,
@@ -59,8 +60,9 @@ class ThreadTuner:
     def __init__(self, max_threads: int, *, interval_s: float = 0.5, min_batches: int = 8,
                  settle_batches: int = 4, tolerance: float = 0.05, passes: int = 4,
                  drop_below: float = 0.6, drop_later: float = 0.7,
-                 hold_intervals: int = 40) -> None:
+                 hold_intervals: int = 40, min_threads: int = 0) -> None:
         self.max_threads = max(0, max_threads)
+        self.min_threads = min(max(0, min_threads), self.max_threads)
         self.interval_s = interval_s
         self.min_batches = max(1, min_batches)
         self.settle_batches = max(0, settle_batches)
@@ -76,7 +78,7 @@ class ThreadTuner:
         self._pruned_after = 0  # turns after which it last dropped the slow counts
         self._centre: int | None = None  # the count a comparison of neighbours is centred on
         self._incumbent: int | None = None  # the settled count this comparison checks
-        self._compare(list(range(self.max_threads, -1, -1)))  # first: every count
+        self._compare(list(range(self.max_threads, self.min_threads - 1, -1)))  # every count
         self._held = 0  # intervals at the settled count since the last comparison
         self._settling = self.settle_batches
         self._t0 = 0.0
@@ -170,7 +172,8 @@ class ThreadTuner:
         return self._switch(turns[0])
 
     def _neighbours(self, centre: int, incumbent: int | None = None) -> int | None:
-        counts = [t for t in (centre, centre - 1, centre + 1) if 0 <= t <= self.max_threads]
+        counts = [t for t in (centre, centre - 1, centre + 1)
+                  if self.min_threads <= t <= self.max_threads]
         return self._compare(counts, centre, incumbent)
 
     def _drop_far_behind(self) -> None:

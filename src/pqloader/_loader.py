@@ -66,7 +66,9 @@ class DataLoader:
         multiprocessing_context: as for ``torch.utils.data.DataLoader``; ``timeout`` (seconds,
             0 = wait forever) raises :class:`pqloader.LoaderTimeoutError`, counted from when
             the workers are up (started, ``worker_init_fn`` returned; that may take 60 s
-            more). Pinned batches keep their tensors of one dtype and shape in one slab of
+            more), for batches workers make: not for those the caller makes with
+            ``num_workers=0`` (reads only are timed there); ``"auto"`` keeps a thread.
+            Pinned batches keep their tensors of one dtype and shape in one slab of
             page-locked memory.
         device: a CUDA device (``"cuda"``, ``"cuda:1"``): batches arrive there. Each batch
             is staged in pinned memory and crosses in one copy, on a side stream; the caller's
@@ -146,8 +148,10 @@ class DataLoader:
         # num_workers="auto": one stream (the order of num_workers=0), read ``streams``
         # windows ahead (one per core); the tuner picks how many threads, up to one per core,
         # collate and transform its batches beside the caller, from the measured rate.
-        self._tuner = ThreadTuner(streams, settle_batches=prefetch_factor * streams) \
-            if autotune else None
+        # With timeout=, every batch is made in a thread the caller can time out on: made by
+        # the caller, a hung transform hung it, timeout or not (found in review).
+        self._tuner = ThreadTuner(streams, settle_batches=prefetch_factor * streams,
+                                  min_threads=1 if timeout else 0) if autotune else None
         self._plan_workers = 1 if autotune else streams  # workers the plan deals batches to
         self._planner = Planner(dataset, self.config, audit=audit_dir is not None,
                                 streams=max(1, streams), timeout_s=timeout)
@@ -345,7 +349,8 @@ class DataLoader:
         delivery = Delivery(
             streams, start=start, stop=stop, depth=self._depth(n),
             threads=tuner.threads if tuner is not None else threads or 0, max_threads=n,
-            finish=self._placement.finish, caller_helps=tuner is not None,
+            finish=self._placement.finish,
+            caller_helps=tuner is not None and not self.workers.timeout,
             worker_init_fn=self._thread_init, timeout_s=self.workers.timeout,
             where=f"rank {self.config.world.rank}, epoch {epoch}",
         )

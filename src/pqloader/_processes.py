@@ -10,7 +10,9 @@ a timeout that catches a stalled read also failed every epoch's start.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +33,17 @@ class ProcessDelivery:
         self._workers = workers
         self._pin = pin
         self._loader: torch.utils.data.DataLoader[Any] | None = None
+        # Persistent workers serve one pass at a time through torch's one iterator: a pass
+        # started from another thread reset it while this one was inside next() (torch's
+        # KeyError or AssertionError, an empty epoch, a hang: found in review).
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:  # a loader pickles (the lock is this process's)
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def forget(self) -> None:
         """Start new processes next time: persistent ones would not see a restored plan."""
@@ -40,41 +53,30 @@ class ProcessDelivery:
                 receive: Callable[[Any], Any]) -> Iterator[Any]:
         """Batches ``start ..`` of ``epoch``, each passed through ``receive`` in this thread."""
         w = self._workers
-        loader = self._loader
-        up = None  # counts the workers started, when this call starts them
-        if loader is None:
-            # spawn's semaphore passes to workers however they start (a fork one fails spawn)
-            up = multiprocessing.get_context("spawn").Semaphore(0)
-            loader = torch.utils.data.DataLoader(
-                TorchIterable.from_planner(self._planner), batch_size=None,
-                num_workers=w.num_workers, pin_memory=self._pin, timeout=w.timeout,
-                worker_init_fn=_Started(up, w.worker_init_fn),
-                persistent_workers=w.persistent_workers,
-                prefetch_factor=w.prefetch_factor,
-                multiprocessing_context=w.multiprocessing_context,
-                collate_fn=as_made,  # not torch's default_convert: tuples stayed no tuples
-            )
-            if w.persistent_workers:
-                self._loader = loader
-        loader.dataset.set_epoch(epoch, start)  # type: ignore[attr-defined]
+        lock = self._lock if w.persistent_workers else contextlib.nullcontext()
+        with lock:
+            loader, up = self._torch_loader()
         # torch's persistent iterator is one: iter() again resets it under an older pass,
         # which then went on with the newer pass's batches (the two shared one epoch)
         this_pass = object()
-        loader.pqloader_pass = this_pass
         it: Any = getattr(loader, "_iterator", None)  # a persistent one, once made
         try:
             # inside: a persistent iterator's reset drains a pass broken off, and a worker
             # that died or got stuck meanwhile must not leave it to every later epoch
-            it = iter(loader)
+            with lock:
+                loader.dataset.set_epoch(epoch, start)  # type: ignore[attr-defined]
+                loader.pqloader_pass = this_pass
+                it = iter(loader)
             if up is not None and w.timeout:
                 _await_start(it, up, w.num_workers, w.timeout)
             while True:
-                if loader.pqloader_pass is not this_pass:  # type: ignore[attr-defined]
-                    raise _Superseded
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    return
+                with lock:  # the check and the batch, with no other pass's reset between
+                    if loader.pqloader_pass is not this_pass:  # type: ignore[attr-defined]
+                        raise _Superseded
+                    try:
+                        batch = next(it)
+                    except StopIteration:
+                        return
                 yield receive(batch)
         except _Superseded:
             raise InvalidArgumentError(
@@ -104,6 +106,27 @@ class ProcessDelivery:
             # its workers with it, until a GC pass blocks on joining them: stop them now.
             if not w.persistent_workers and hasattr(it, "_shutdown_workers"):
                 it._shutdown_workers()
+
+    def _torch_loader(self) -> tuple[torch.utils.data.DataLoader[Any], Any]:
+        """torch's loader over the plan: the persistent one, or a new one and a semaphore
+        its workers count themselves up on (``None`` for the persistent one)."""
+        w = self._workers
+        if self._loader is not None:
+            return self._loader, None
+        # spawn's semaphore passes to workers however they start (a fork one fails spawn)
+        up = multiprocessing.get_context("spawn").Semaphore(0)
+        loader = torch.utils.data.DataLoader(
+            TorchIterable.from_planner(self._planner), batch_size=None,
+            num_workers=w.num_workers, pin_memory=self._pin, timeout=w.timeout,
+            worker_init_fn=_Started(up, w.worker_init_fn),
+            persistent_workers=w.persistent_workers,
+            prefetch_factor=w.prefetch_factor,
+            multiprocessing_context=w.multiprocessing_context,
+            collate_fn=as_made,  # not torch's default_convert: tuples stayed no tuples
+        )
+        if w.persistent_workers:
+            self._loader = loader
+        return loader, up
 
 
 class _Superseded(Exception):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,83 @@ def test_a_pass_overtaken_under_persistent_processes_says_so(make_dataset: Any) 
     finally:
         del loader
         gc.collect()
+
+
+class _SlowOnceFlagged:
+    """A transform, run in worker processes, that is slow while a file exists."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.flag.exists():
+            time.sleep(0.5)
+        return batch
+
+
+def test_a_pass_from_another_thread_overtakes_one_waiting_in_next(make_dataset: Any,
+                                                                  tmp_path: Path) -> None:
+    """A pass started in another thread while the first waited inside torch's next() reset
+    the iterator under it: torch's KeyError, an empty epoch, or a hang."""
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    flag = tmp_path / "slow"
+    loader = pqloader.DataLoader(ds, batch_size=10, num_workers=2, worker_type="process",
+                                 persistent_workers=True, transform=_SlowOnceFlagged(flag))
+    told: dict[str, Any] = {}
+
+    def older() -> None:
+        got = 0
+        try:
+            for _ in loader:
+                got += 1
+                if got == 3:
+                    flag.write_text("")  # the next batches are slow: it waits inside next()
+        except pqloader.InvalidArgumentError as exc:
+            told["older"] = str(exc)
+
+    try:
+        first = threading.Thread(target=older)
+        first.start()
+        time.sleep(1.0)
+        flag.unlink(missing_ok=True)
+        assert sorted(_ids(loader)) == list(range(ROWS))  # the newer pass: a whole epoch
+        first.join(60)
+        assert "overtaken by a newer one" in told.get("older", ""), told
+    finally:
+        flag.unlink(missing_ok=True)
+        loader = None  # its persistent workers stop
+        gc.collect()
+
+
+def test_a_hung_transform_times_out_under_auto(make_dataset: Any) -> None:
+    """With num_workers="auto" the caller made batches no thread had taken, and a transform
+    hung there hung it, timeout= or not: with a timeout, threads make every batch."""
+    makers: list[str] = []
+
+    def noted(batch: dict[str, Any]) -> dict[str, Any]:
+        makers.append(threading.current_thread().name)  # a hang here: the timeout's to see
+        return batch
+
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    loader = pqloader.DataLoader(ds, batch_size=10, num_workers="auto", timeout=5.0,
+                                 transform=noted)
+    assert sorted(_ids(loader)) == list(range(ROWS))
+    assert threading.main_thread().name not in makers  # it made 17-35 of the 100 batches
+    release = threading.Event()
+
+    def hangs(batch: dict[str, Any]) -> dict[str, Any]:
+        if 500 in batch["id"].tolist():
+            release.wait(60)
+        return batch
+
+    loader = pqloader.DataLoader(ds, batch_size=10, num_workers="auto", timeout=1.0,
+                                 transform=hangs)
+    try:
+        with pytest.raises(pqloader.LoaderTimeoutError, match=r"timeout=1\.0"):
+            for _ in loader:
+                pass
+    finally:
+        release.set()
 
 
 @pytest.mark.parametrize("persistent", [False, True])
