@@ -58,14 +58,31 @@ class LoaderConfig:
         if self.memory_budget_bytes is None:
             return max(self.batch_size, int(DEFAULT_WINDOW_BYTES / per_row))
         # A window closes on the row group that reaches window_rows: it can pass the target
-        # by one row group, so the target leaves room for the largest. Its rows may all be
-        # of the heaviest row groups (long texts in some files, labels in others): sized by
-        # the dataset's mean row, such a window held 10x its share, the budget 2x.
+        # by one row group, so the target leaves room for the largest.
         target = min(DEFAULT_WINDOW_BYTES, window_bytes(self.memory_budget_bytes, streams))
         largest = int(byte_size.max()) if len(byte_size) else 0
-        heaviest = float((byte_size / np.maximum(fragment_rows, 1)).max()) if len(
-            byte_size) else per_row
-        return max(self.batch_size, int(max(0, target - largest) / max(per_row, heaviest)))
+        room = max(0, target - largest)
+        heavy = heaviest_rows(fragment_rows, byte_size, room)
+        return max(self.batch_size, int(room / per_row) if heavy is None else heavy)
+
+
+def heaviest_rows(fragment_rows: np.ndarray, byte_size: np.ndarray, room: int) -> int | None:
+    """The rows that fit in ``room`` bytes if they are the dataset's heaviest: a window's
+    rows may all be of the heaviest row groups (long texts in some files, labels in others),
+    and sized by the mean row such a window held 10x its share, the budget 2x. Each row group
+    counts its own rows: one tiny one (its footer's fixed costs make its rows look heavy)
+    holds a row or two of a window, not all of it. ``None`` when every row fits."""
+    if not len(byte_size):
+        return None
+    weight = byte_size / np.maximum(fragment_rows, 1)
+    order = np.argsort(-weight, kind="stable")
+    total = np.cumsum(byte_size[order])
+    whole = int(np.searchsorted(total, room, side="right"))  # row groups that fit whole
+    if whole == len(order):
+        return None
+    rows = int(fragment_rows[order[:whole]].sum())
+    left = room - (int(total[whole - 1]) if whole else 0)
+    return rows + int(left / max(float(weight[order[whole]]), 1e-9))
 
 
 def bytes_per_row(fragment_rows: np.ndarray, byte_size: np.ndarray) -> float:

@@ -68,7 +68,8 @@ class Discovery:
     # filter=: the rows read (_filter.py); num_rows counts them once _kept.py has
     filter: RowFilter | None = None
     # int64, what a read of each fragment holds before a filter keeps its rows (the whole row
-    # group decoded): byte_size, unless a filter made that the kept rows' share
+    # group decoded, the filter's columns too): byte_size, unless a filter reads more, or made
+    # byte_size the kept rows' share
     read_bytes: np.ndarray | None = None
 
     def held(self) -> np.ndarray:
@@ -171,6 +172,14 @@ def _open_remote(source: object, store: Store, cache: Cache | None
     return entries, schemas, [row_groups(md) for md in footers]
 
 
+def read_columns(names: list[str], row_filter: RowFilter | None,
+                 partitions: list[str]) -> list[str]:
+    """The columns a read decodes: the projection's, and the filter's that it lacks."""
+    if row_filter is None:
+        return names
+    return [*names, *(c for c in row_filter.columns if c not in names and c not in partitions)]
+
+
 def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], groups: Groups,
            columns: Sequence[str] | None, filter: Any, store: Store | None, cache: Cache | None
            ) -> Discovery:
@@ -210,7 +219,8 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
         row_filter = replace(row_filter,
                              schema=pa.schema([full.field(n) for n in row_filter.columns]))
 
-    file_index, row_group, num_rows, byte_size = [], [], [], []
+    file_index, row_group, num_rows, byte_size, read_bytes = [], [], [], [], []
+    read = read_columns(schema.names, row_filter, part_schema.names)
     for i, (rows, sizes, per_row) in enumerate(groups):
         for rg, (n, size) in enumerate(zip(rows, sizes, strict=True)):
             if n == 0:
@@ -219,6 +229,8 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
             row_group.append(rg)
             num_rows.append(n)
             byte_size.append(fragment_bytes(n, per_row, schema.names, size))
+            if read != schema.names:
+                read_bytes.append(fragment_bytes(n, per_row, read, size))
     return Discovery(
         files=tuple(entries),
         schema=schema,
@@ -227,6 +239,7 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
         row_group=np.asarray(row_group, dtype=np.int32),
         num_rows=np.asarray(num_rows, dtype=np.int64),
         byte_size=np.asarray(byte_size, dtype=np.int64),
+        read_bytes=np.asarray(read_bytes, dtype=np.int64) if read_bytes else None,
         store=store,
         cache=cache,
         filter=row_filter,

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
-from ._discover import Discovery
+from ._discover import Discovery, read_columns
 from ._errors import PQLoaderError
 from ._read import FragmentReader
 from ._sizes import (
@@ -52,9 +52,13 @@ def measure_strings(d: Discovery) -> Discovery:
     if not measured:
         return d
     per_file = [row_bytes(md, measured) for md in footers]
-    byte_size = [  # as _discover's index computes them, with the measured strings
-        fragment_bytes(n, per_file[f], d.schema.names, footers[f].row_group(rg).total_byte_size)
-        for f, rg, n in zip(d.file_index.tolist(), d.row_group.tolist(), d.num_rows.tolist(),
-                            strict=True)
-    ]
-    return replace(d, byte_size=np.asarray(byte_size, dtype=np.int64))
+
+    def sizes(names: list[str]) -> np.ndarray:  # as _discover's index computes them
+        return np.asarray([
+            fragment_bytes(n, per_file[f], names, footers[f].row_group(rg).total_byte_size)
+            for f, rg, n in zip(d.file_index.tolist(), d.row_group.tolist(),
+                                d.num_rows.tolist(), strict=True)], dtype=np.int64)
+
+    read = read_columns(d.schema.names, d.filter, d.partition_schema.names)
+    return replace(d, byte_size=sizes(d.schema.names),
+                   read_bytes=None if read == d.schema.names else sizes(read))

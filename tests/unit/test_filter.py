@@ -352,3 +352,36 @@ def test_a_filter_sees_the_dataset_types_when_reading_as_when_counting(tmp_path:
                                                                         17, 18, 19]
     loader = pqloader.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)
     assert sorted(int(i) for b in loader for i in b["id"]) == [5, 6, 7, 8, 9, 15, 16, 17, 18, 19]
+
+
+def test_the_budget_holds_the_columns_a_filter_reads_beyond_the_projection(
+        tmp_path: Path) -> None:
+    """columns=["id"] with a filter over 32 float columns: a read decodes them all, and the
+    check counted the id alone."""
+    from pqloader._memory import RESERVE_BYTES
+
+    n = 200_000
+    table = pa.table({"id": np.arange(n), **{f"f{i}": np.ones(n, np.float32) for i in range(32)}})
+    pqloader.write_dataset(table, tmp_path / "ds", row_group_size=n)
+    wide = pc.bit_wise_and(pc.field("id"), 127) == 0
+    for name in ("f0", "f31"):
+        wide = wide & (pc.field(name) > 0)
+    budget = RESERVE_BYTES + 16 * 2**20
+    for columns in (None, ["id"]):
+        ds = pqloader.ParquetDataset(tmp_path / "ds", columns=columns, filter=wide)
+        with pytest.raises(pqloader.InvalidArgumentError, match="memory_budget_bytes"):
+            pqloader.DataLoader(ds, batch_size=64, num_workers=2, memory_budget_bytes=budget)
+
+
+def test_a_tiny_row_group_does_not_shrink_a_budget_window() -> None:
+    """Its footer's fixed costs make its one row look 4.5x heavier than the others: sized for
+    the heaviest row group, every window shrank 4.5x; it holds a row of a window, no more."""
+    from pqloader._config import heaviest_rows
+
+    rows = np.array([100_000] * 10 + [1])
+    sizes = np.array([1_900_000] * 10 + [87])
+    assert heaviest_rows(rows, sizes, 10_000_000) == 1 + (10_000_000 - 87) // 19
+    assert heaviest_rows(rows, sizes, 10**9) is None  # every row fits
+    heavy = np.array([1_000_000, 128, 128, 128])  # labels, then 3 row groups of long texts
+    heavy_sizes = np.array([20_000_000, 2**21, 2**21, 2**21])
+    assert heaviest_rows(heavy, heavy_sizes, 3 * 2**20) == 128 + 64
