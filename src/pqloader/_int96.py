@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._schema import rebuilt
 from ._sizes import leaf_count
 
 READ: dict[str, Any] = {"coerce_int96_timestamp_unit": "us"}  # for pq.ParquetFile and kin
@@ -45,17 +46,5 @@ def _has_ns(t: pa.DataType) -> bool:
 
 def _in_us(t: pa.DataType) -> pa.DataType:
     """``t`` with its nanosecond timestamps in microseconds, at any depth."""
-    if pa.types.is_timestamp(t):
-        return pa.timestamp("us", t.tz) if t.unit == "ns" else t
-    if pa.types.is_struct(t):
-        return pa.struct([t.field(i).with_type(_in_us(t.field(i).type))
-                          for i in range(t.num_fields)])
-    if pa.types.is_map(t):
-        return pa.map_(_in_us(t.key_type), t.item_field.with_type(_in_us(t.item_type)))
-    if pa.types.is_fixed_size_list(t):
-        return pa.list_(t.value_field.with_type(_in_us(t.value_type)), t.list_size)
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_in_us(t.value_type)))
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_in_us(t.value_type)))
-    return t
+    return rebuilt(t, lambda u: pa.timestamp("us", u.tz) if pa.types.is_timestamp(u)
+                   and u.unit == "ns" else u)

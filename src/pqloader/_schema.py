@@ -157,25 +157,31 @@ def _has_view(t: pa.DataType) -> bool:
 
 
 def _unview(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_string_view(t):
-        return pa.large_string()
-    if pa.types.is_binary_view(t):
-        return pa.large_binary()
     if not _has_view(t):
         return t
+    return rebuilt(t, lambda u: pa.large_string() if pa.types.is_string_view(u) else
+                   pa.large_binary() if pa.types.is_binary_view(u) else u)
+
+
+def rebuilt(t: pa.DataType, leaf: Callable[[pa.DataType], pa.DataType]) -> pa.DataType:
+    """``t`` with ``leaf`` applied to each type in it without children, at any depth (a
+    struct's fields, a list's values, a map's keys and items, a dictionary's values); names,
+    nullability and the rest kept."""
     if pa.types.is_dictionary(t):
-        return pa.dictionary(t.index_type, _unview(t.value_type), t.ordered)
+        return pa.dictionary(t.index_type, rebuilt(t.value_type, leaf), t.ordered)
     if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_unview(f.type)) for f in t])
+        return pa.struct([f.with_type(rebuilt(f.type, leaf)) for f in t])
     if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(_unview(t.key_type)),
-                       t.item_field.with_type(_unview(t.item_type)), t.keys_sorted)
+        return pa.map_(t.key_field.with_type(rebuilt(t.key_type, leaf)),
+                       t.item_field.with_type(rebuilt(t.item_type, leaf)), t.keys_sorted)
     if pa.types.is_fixed_size_list(t):
-        return pa.list_(t.value_field.with_type(_unview(t.value_type)), t.list_size)
+        return pa.list_(t.value_field.with_type(rebuilt(t.value_type, leaf)), t.list_size)
     if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_unview(t.value_type)))
+        return pa.large_list(t.value_field.with_type(rebuilt(t.value_type, leaf)))
     if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_unview(t.value_type)))
+        return pa.list_(t.value_field.with_type(rebuilt(t.value_type, leaf)))
+    if t.num_fields == 0:
+        return leaf(t)
     return t  # list views, unions...: left as they are, refused or passed on as before
 
 
