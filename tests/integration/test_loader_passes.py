@@ -63,15 +63,17 @@ def test_persistent_processes_forget_a_resumed_plan_with_the_epoch(make_dataset:
         gc.collect()
 
 
-class _SlowOnce:
-    """Stalls the first time it sees a batch with a marker file present."""
+class _SlowWhile:
+    """A transform, run in worker processes, that takes ``seconds`` a batch while a marker
+    file exists."""
 
-    def __init__(self, marker: Path) -> None:
+    def __init__(self, marker: Path, seconds: float) -> None:
         self.marker = marker
+        self.seconds = seconds
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         if self.marker.exists():
-            time.sleep(30)
+            time.sleep(self.seconds)
         return batch
 
 
@@ -82,7 +84,7 @@ def test_persistent_processes_start_again_after_a_timeout(make_dataset: Any,
     ds = pqloader.ParquetDataset(make_dataset(ROWS))
     loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_type="process",
                                  persistent_workers=True, timeout=2,
-                                 transform=_SlowOnce(marker))
+                                 transform=_SlowWhile(marker, 30))
     try:
         with pytest.raises(pqloader.LoaderTimeoutError):
             list(loader)
@@ -164,18 +166,6 @@ def test_a_pass_overtaken_under_persistent_processes_says_so(make_dataset: Any) 
         gc.collect()
 
 
-class _SlowOnceFlagged:
-    """A transform, run in worker processes, that is slow while a file exists."""
-
-    def __init__(self, flag: Path) -> None:
-        self.flag = flag
-
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if self.flag.exists():
-            time.sleep(0.5)
-        return batch
-
-
 def test_a_pass_from_another_thread_overtakes_one_waiting_in_next(make_dataset: Any,
                                                                   tmp_path: Path) -> None:
     """A pass started in another thread while the first waited inside torch's next() reset
@@ -183,7 +173,7 @@ def test_a_pass_from_another_thread_overtakes_one_waiting_in_next(make_dataset: 
     ds = pqloader.ParquetDataset(make_dataset(ROWS))
     flag = tmp_path / "slow"
     loader = pqloader.DataLoader(ds, batch_size=10, num_workers=2, worker_type="process",
-                                 persistent_workers=True, transform=_SlowOnceFlagged(flag))
+                                 persistent_workers=True, transform=_SlowWhile(flag, 0.5))
     told: dict[str, Any] = {}
 
     def older() -> None:
