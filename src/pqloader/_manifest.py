@@ -24,14 +24,8 @@ import pyarrow.parquet as pq
 
 from ._errors import CorruptFileError
 from ._int96 import file_schema
-from ._sizes import (
-    RowBytes,
-    Sample,
-    has_bytes,
-    measure,
-    row_bytes,
-    sample_plan,
-)
+from ._samples import measure, measure_files
+from ._sizes import RowBytes, Sample, has_bytes, row_bytes
 
 NAME = "_pqloader_manifest.json"
 # Lies in a folder while write_dataset fills it (or swaps a new dataset in), and stays when it
@@ -40,9 +34,10 @@ INCOMPLETE = "_pqloader_incomplete"
 FORMAT = "pqloader.manifest"
 # 2 added each file's "row_bytes"; 3 measures dictionary-encoded strings in them (_measure.py);
 # 4 measures those nested in lists, structs and maps too; 5 measures each where it has values (4
-# measured a column null in the first file as empty everywhere). An older manifest is still read,
-# unless it has such columns, which it may have measured wrong (then the footers are).
-VERSION = 5
+# measured a column null in the first file as empty everywhere); 6 measures files whose chunks
+# lack min and max values themselves (5 sized them as the first file). An older manifest is still
+# read, unless it has such columns, which it may have measured wrong (then the footers are).
+VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -67,12 +62,12 @@ def write_manifest(root: Path, paths: list[str]) -> None:
     footers = [pq.read_metadata(path) for path in paths]
     measured = _measured(paths, footers)
     files = []
-    for path, md in zip(paths, footers, strict=True):
+    for path, md, samples in zip(paths, footers, measured, strict=True):
         groups = [md.row_group(i) for i in range(md.num_row_groups)]
         files.append({"name": os.path.relpath(path, root), "size": os.path.getsize(path),
                       "rows": [g.num_rows for g in groups],
                       "bytes": [g.total_byte_size for g in groups],
-                      "row_bytes": row_bytes(md, measured)})
+                      "row_bytes": row_bytes(md, samples)})
     schema = file_schema(footers[0])
     body = {"format": FORMAT, "version": VERSION, "files": files,
             "schema": base64.b64encode(schema.serialize().to_pybytes()).decode()}
@@ -81,17 +76,17 @@ def write_manifest(root: Path, paths: list[str]) -> None:
     os.replace(tmp, root / NAME)
 
 
-def _measured(paths: list[str], footers: list[pq.FileMetaData]) -> dict[str, Sample]:
+def _measured(paths: list[str], footers: list[pq.FileMetaData]) -> list[dict[str, Sample]]:
     """The dictionary-encoded strings, measured as ``_measure.py`` does when a dataset opens
     without a manifest."""
-    measured: dict[str, Sample] = {}
-    for f, rg, leaves in sample_plan(footers):
+    def read(f: int, rg: int, leaves: dict[str, int]) -> dict[str, Sample]:
         try:
             handle = pq.ParquetFile(paths[f], metadata=footers[f], read_dictionary=list(leaves))
-            measured |= measure(handle, rg, leaves)
+            return measure(handle, rg, leaves)
         except (pa.ArrowException, TypeError):  # left to the footers' sizes, as on open
-            continue
-    return measured
+            return {}
+
+    return measure_files(footers, None, read)
 
 
 def read_manifest(root: Path, paths: list[Path]) -> Manifest | None:
@@ -125,7 +120,7 @@ def match_manifest(text: str, where: str, found: dict[str, int],
         body = json.loads(text)
         if not isinstance(body, dict):
             raise ValueError(f"a JSON {type(body).__name__}, not an object")
-        if body.get("format") != FORMAT or body.get("version") not in (1, 2, 3, 4, VERSION):
+        if body.get("format") != FORMAT or body.get("version") not in (1, 2, 3, 4, 5, VERSION):
             raise ValueError(f"format {body.get('format')!r} version {body.get('version')!r}")
         listed = {f["name"]: _checked(f) for f in body["files"]}
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema"])))

@@ -12,22 +12,14 @@ import pyarrow as pa
 from ._discover import Discovery, read_columns
 from ._errors import PQLoaderError
 from ._read import FragmentReader
-from ._sizes import (
-    Sample,
-    fragment_bytes,
-    has_bytes,
-    leaf_owners,
-    measure,
-    row_bytes,
-    sample_plan,
-)
+from ._samples import measure, measure_files
+from ._sizes import Sample, fragment_bytes, has_bytes, leaf_owners, row_bytes
 
 
 def measure_strings(d: Discovery) -> Discovery:
-    """``d`` with its row groups' decoded sizes re-estimated from a read: the dictionary-
-    encoded string leaf columns of the projection, read as dictionaries (``_sizes.measure``) in
-    one row group of the first file where they have values (``_sizes.sample_plan``), stand for
-    every file's dictionary-encoded chunks of them, scaled by their min and max values' lengths.
+    """``d`` with its row groups' decoded sizes re-estimated from reads: the dictionary-encoded
+    string leaf columns of the projection, read as dictionaries in a few row groups
+    (``_samples.measure_files``), stand for every file's dictionary-encoded chunks of them.
 
     Opened from a manifest (no footer in hand), ``d`` is as the manifest's sizes made it: they
     were measured when it was written. A read that fails leaves the footer's estimate for its
@@ -37,21 +29,23 @@ def measure_strings(d: Discovery) -> Discovery:
     wanted = {f.name for f in d.schema if has_bytes(f.type)}
     if not wanted or footers[0] is None:  # no footer to look through (25 ms for 2,000 files
         return d  # of numbers)
-    measured: dict[str, Sample] = {}
-    for f, rg, leaves in sample_plan(footers, wanted):
+
+    def sample(f: int, rg: int, leaves: dict[str, int]) -> dict[str, Sample]:
         owners = leaf_owners(footers[f]) or []
         names = sorted({owners[i] for i in leaves.values()})
-        sample = replace(d, schema=pa.schema([d.schema.field(n) for n in names]), filter=None)
+        part = replace(d, schema=pa.schema([d.schema.field(n) for n in names]), filter=None)
         fragment = int(np.flatnonzero((d.file_index == f) & (d.row_group == rg))[0])
         try:
-            with FragmentReader(sample).parquet_file(fragment,
+            with FragmentReader(part).parquet_file(fragment,
                                                      read_dictionary=list(leaves)) as file:
-                measured |= measure(file, rg, leaves)
+                return measure(file, rg, leaves)
         except (PQLoaderError, OSError, pa.ArrowException, TypeError):
-            continue
-    if not measured:
+            return {}
+
+    samples = measure_files(footers, wanted, sample)
+    if not any(samples):
         return d
-    per_file = [row_bytes(md, measured) for md in footers]
+    per_file = [row_bytes(md, own) for md, own in zip(footers, samples, strict=True)]
 
     def sizes(names: list[str]) -> np.ndarray:  # as _discover's index computes them
         return np.asarray([

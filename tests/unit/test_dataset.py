@@ -567,6 +567,35 @@ def test_each_file_strings_are_scaled_by_their_own_lengths(tmp_path: Path) -> No
             assert 0.9 < decoded / d.byte_size[fragment] < 1.1, (order, f.name)
 
 
+@pytest.mark.parametrize("case", ["no statistics", "statistics in the first file only",
+                                  "values over 4 KB"])
+@pytest.mark.parametrize("manifest", [False, True])
+def test_strings_without_min_and_max_values_are_measured_in_their_own_files(
+        tmp_path: Path, case: str, manifest: bool) -> None:
+    """Short names in the first file, long ones in the rest, and no min and max values to scale
+    the first file's sample by: written without statistics, or over 4 KB (Arrow leaves those out
+    of them). The others were sized as the first: 40x (600x) too small."""
+    from pqloader._manifest import write_manifest
+
+    rng = np.random.default_rng(0)
+    length = 5000 if case == "values over 4 KB" else 800
+    stats = case != "no statistics"
+    pq.write_table(pa.table({"s": [f"{i % 20:08d}" for i in range(5000)]}),
+                   tmp_path / "a.parquet", write_statistics=stats)
+    long_names = pa.array([f"{i:0{length}d}" for i in range(20)])
+    for k in range(12):  # more than are measured: the rest take the longest measured
+        pq.write_table(pa.table({"s": long_names.take(rng.integers(0, 20, 2000 + k))}),
+                       tmp_path / f"b{k:02d}.parquet", write_statistics=stats and case !=
+                       "statistics in the first file only")
+    files = sorted(tmp_path.glob("*.parquet"))
+    if manifest:
+        write_manifest(tmp_path, [str(f) for f in files])
+    d = pqloader.ParquetDataset(tmp_path)._discovery
+    assert all((f.metadata is None) == manifest for f in d.files)
+    for fragment, f in enumerate(files):
+        assert 0.9 < pq.read_table(f).nbytes / d.byte_size[fragment] < 1.1, f.name
+
+
 @pytest.mark.parametrize("column", ["s", "tags"])
 @pytest.mark.parametrize("manifest", [False, True])
 def test_strings_null_in_the_first_file_are_measured_where_they_have_values(
