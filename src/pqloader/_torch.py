@@ -135,6 +135,13 @@ class Planner:
             return plan.first_position + plan.num_batches
         return len(self)
 
+    def remaining(self, epoch: int) -> int:
+        """Batches of ``epoch``'s plan on this rank: ``epoch_batches`` less ``position``, from
+        one plan (an elastic resume's deals every old rank's remainder)."""
+        if self.origin is not None and self.origin[0] == epoch:
+            return self.plan(epoch, 1).num_batches
+        return len(self)
+
     def position(self, epoch: int) -> int:
         """Batches of ``epoch`` before the first of its plan: those a state resumed under
         other settings had yielded, else 0."""
@@ -282,7 +289,7 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         """The epoch of the next iteration (and batches of it to skip, when resuming)."""
         check_positive("epoch", epoch, allow_zero=True)
         check_positive("start", start, allow_zero=True)
-        batches = self._planner.epoch_batches(epoch) - self._planner.position(epoch)
+        batches = self._planner.remaining(epoch)
         if start > batches:
             raise InvalidArgumentError(
                 f"start={start} is past the epoch's {batches} batches on this rank")
