@@ -67,6 +67,8 @@ def classify(exc: BaseException) -> str:
     """``"throttled"``, ``"transient"`` (retry) or ``"fatal"`` (403, 404, bad request...)."""
     if isinstance(exc, ShortRead):  # by type: "120 of 503 bytes" names no status
         return "transient"
+    if any(_cut_short(e) for e in _chain(exc)):  # before the status: aiohttp's say 400
+        return "transient"
     # The status first: fsspec's HTTP info() raises FileNotFoundError from a 503 or a 429.
     status = _status(exc)
     if status is None and isinstance(exc, (
@@ -101,12 +103,24 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
+# A body cut short: the connection closed before the Content-Length, or a chunk was lost
+_CUT_SHORT = frozenset({"ClientPayloadError", "ContentLengthError", "TransferEncodingError",
+                        "ContentEncodingError", "IncompleteRead"})
+
+
+def _cut_short(e: BaseException) -> bool:
+    return any(c.__name__ in _CUT_SHORT for c in type(e).__mro__)
+
+
 def _status(exc: BaseException) -> int | None:
     """The HTTP status in an exception chain: aiohttp's ``status``, azure-core's
-    ``status_code``, botocore's response."""
+    ``status_code``, botocore's response. Not the ``code`` of aiohttp's errors parsing a
+    response (``HttpProcessingError``): 400 for a body cut short, which is no reply of the
+    server's."""
     for e in _chain(exc):
+        parsing = any(c.__name__ == "HttpProcessingError" for c in type(e).__mro__)
         status = getattr(e, "status", None) or getattr(e, "status_code", None) or \
-            getattr(e, "code", None)
+            (None if parsing else getattr(e, "code", None))
         if isinstance(status, int) and 100 <= status < 600:
             return status
         response = getattr(e, "response", None)

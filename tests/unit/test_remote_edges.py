@@ -212,3 +212,71 @@ def test_a_listing_may_take_longer_than_one_request(tmp_path: Path) -> None:
     store = Store("edge", filesystem=fs, retry=RetryPolicy(timeout_s=0.1, list_timeout_s=5))
     assert [o.path for o in store.find("b")] == ["b/a"]
     assert fs.calls == 1  # not abandoned after one request's timeout
+
+
+def _serve_cutting(root: Path, cuts: int) -> tuple[Any, str]:
+    """An HTTP server of ``root`` with Range, whose first ``cuts`` ranged GETs send half their
+    body and close: the connection dropped mid-transfer, as a proxy or a throttled link does."""
+    import re
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    left = [cuts]
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, head: bool) -> None:
+            data = (root / self.path.lstrip("/")).read_bytes()
+            match = re.match(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+            body = data
+            if match and not head:
+                a = int(match[1])
+                b = int(match[2]) if match[2] else len(data) - 1
+                body = data[a:b + 1]
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {a}-{a + len(body) - 1}/{len(data)}")
+            else:
+                self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("ETag", f'"{len(data)}"')
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+            if head:
+                return
+            if match and left[0] > 0:
+                left[0] -= 1
+                body = body[:len(body) // 2]
+                self.close_connection = True
+            self.wfile.write(body)
+
+        def do_HEAD(self) -> None:
+            self._send(head=True)
+
+        def do_GET(self) -> None:
+            self._send(head=False)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_a_body_cut_short_mid_transfer_is_retried(tmp_path: Path) -> None:
+    """aiohttp's error for it carries ``code=400`` (its parser's), which was taken for the
+    server's status: a fatal "bad request", no retry, and the read failed."""
+    pytest.importorskip("aiohttp")
+    pq.write_table(pa.table({"id": np.arange(1000)}), tmp_path / "a.parquet", row_group_size=250)
+    server, base = _serve_cutting(tmp_path, cuts=2)
+    try:
+        retry = RetryPolicy(attempts=5, base_delay_s=0.01, max_delay_s=0.02)
+        ds = pqloader.ParquetDataset(f"{base}/a.parquet", retry=retry)
+        loader = pqloader.DataLoader(ds, batch_size=100, shuffle=True, seed=0)
+        ids = np.concatenate([b["id"].numpy() for b in loader])
+        assert sorted(ids.tolist()) == list(range(1000))
+        assert ds.io_stats()["retries"] >= 1
+    finally:
+        server.shutdown()
+        server.server_close()
