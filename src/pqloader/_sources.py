@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import glob
 import os
+import posixpath
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +16,7 @@ from ._errors import DatasetNotFoundError, EmptyDatasetError, InvalidArgumentErr
 from ._fs import ObjectInfo, Store
 from ._manifest import INCOMPLETE, incomplete_error
 from ._manifest import NAME as MANIFEST_NAME
+from ._signed import redact, unsigned
 
 _GLOB_CHARS = set("*?[")
 T = TypeVar("T")
@@ -49,8 +52,9 @@ def _once(items: list[T], key: Callable[[T], str]) -> list[T]:
     seen: set[str] = set()
     for item in items:
         if key(item) in seen:
+            name = redact(str(getattr(item, "path", item)))  # a remote object: its URL
             raise InvalidArgumentError(
-                f"{item} is in the list of sources twice (or inside a folder also listed); "
+                f"{name} is in the list of sources twice (or inside a folder also listed); "
                 "its rows would come twice an epoch: list each file once")
         seen.add(key(item))
     return items
@@ -116,13 +120,18 @@ def list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | N
         if not source:
             raise EmptyDatasetError("the list of files is empty; pass at least one URL")
         found = [o for item in source for o in list_remote(item, store)[0]]
-        return _once(found, lambda o: o.path), None, None
+        # one object under two URLs: two signatures of it, or "/./" in one
+        return _once(found, lambda o: _object_key(o.path)), None, None
     if not isinstance(source, str):
         raise TypeError(f"source must be a URL or a list of URLs, got {type(source).__name__}")
     native = store.native(source)
     globbing = set("*[") if native.startswith(("http://", "https://")) else _GLOB_CHARS
-    if globbing & set(native):
-        found = [o for o in store.glob(native) if not is_hidden(o.path.rsplit("/", 1)[-1])]
+    # "exp[1]/" is a folder, "exp[1]/a.parquet" a file: read as named where they exist, as
+    # local paths are (asked only without a "*": that one is a glob, and the ask costs 2 requests)
+    if globbing & set(native) and ("*" in native or not store.exists(native.rstrip("/"))):
+        fixed = native[:min(native.find(c) for c in globbing if c in native)].rpartition("/")[0]
+        found = [o for o in store.glob(native) if not any(  # hidden below what it names:
+            is_hidden(part) for part in _below(o.path, fixed).split("/") if part)]  # _temporary/
         if not found:
             raise EmptyDatasetError(f"{source}: the glob matches no file")
         folders = sorted({o.path.rpartition("/")[0] for o in found})  # as _glob does
@@ -150,3 +159,25 @@ def list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | N
             f"{source}: the folder is missing or holds no data file (names starting with '_' "
             "or '.' and '.crc' files are skipped)")
     return data, root, manifest
+
+
+def _below(path: str, fixed: str) -> str:
+    """``path`` past the folder ``fixed`` a glob's pattern names before its first wildcard (its
+    last name alone if the listing spells the folder otherwise)."""
+    if fixed and path.startswith(fixed + "/"):
+        return path[len(fixed) + 1:]
+    return path.rsplit("/", 1)[-1]
+
+
+def _object_key(url: str) -> str:
+    """What tells one remote object from another: its URL without a signature; over HTTP, with
+    ``.``, ``..`` and repeated slashes resolved, as servers do (an object store's keys are
+    names: ``a//b`` and ``a/./b`` are other objects there)."""
+    url = unsigned(url)
+    scheme, _, rest = url.partition("://")
+    if scheme not in ("http", "https"):
+        return url
+    path, query_sep, query = rest.partition("?")
+    host, _, key = path.partition("/")
+    key = posixpath.normpath("/" + re.sub("/+", "/", key)).lstrip("/")
+    return f"{scheme}://{host}/{key}{query_sep}{query}"

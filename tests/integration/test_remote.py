@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import pqloader
@@ -144,6 +145,41 @@ def test_http_globs_read_each_matched_file_once_and_refuse_a_folder_not_finished
         pqloader.ParquetDataset(base + "/part=1/*.parquet")
     ds = pqloader.ParquetDataset(base + "/part=0/*.parquet")
     assert np.array_equal(_glob_ids(ds), np.arange(0, ROWS, 2))
+
+
+def test_s3_globs_skip_hidden_folders_and_names_with_brackets_are_read_as_named(
+        moto_s3: object, tmp_path: Path) -> None:
+    """As local paths are: a glob skips Spark's ``_temporary/`` attempts and other hidden
+    folders below what it names (it read their copies of rows: each row twice), and
+    ``exp[1]/`` names that folder, not a pattern matching ``exp1/`` (read instead, silently)."""
+    root = tmp_path / "root"
+    for name, first in (("data/part-0", 0), ("data/part-1", 100), ("data/_temporary/0/part-0", 0),
+                        ("data/.hidden/part-1", 100), ("exp[1]/a", 1000), ("exp1/a", 2000)):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"id": np.arange(first, first + 100)}), root / f"{name}.parquet")
+    url = moto_s3.upload_dir(root)  # type: ignore[attr-defined]
+    options = moto_s3.storage_options  # type: ignore[attr-defined]
+    for pattern in ("data/**/*.parquet", "data/**", "*/part-*"):
+        ds = pqloader.ParquetDataset(url + pattern, storage_options=options)
+        assert np.array_equal(_glob_ids(ds), np.arange(200)), pattern
+    for source in ("exp[1]/", "exp[1]", "exp[1]/a.parquet"):
+        ds = pqloader.ParquetDataset(url + source, storage_options=options)
+        assert np.array_equal(_glob_ids(ds), np.arange(1000, 1100)), source
+
+
+def test_http_one_file_under_two_urls_is_refused(
+        http_server: Callable[[Path], str], tmp_path: Path) -> None:
+    """``/./a.parquet`` or ``//a.parquet`` (servers resolve them), or two signatures of one
+    URL: as a local file listed twice, its rows would come twice an epoch."""
+    pq.write_table(pa.table({"id": np.arange(100)}), tmp_path / "a.parquet")
+    base = http_server(tmp_path)
+    signed = base + "/a.parquet?X-Amz-Credential=k&X-Amz-Signature="
+    for other in (base + "/./a.parquet", base + "//a.parquet", base + "/x/../a.parquet"):
+        with pytest.raises(pqloader.InvalidArgumentError, match="in the list of sources twice"):
+            pqloader.ParquetDataset([base + "/a.parquet", other])
+    with pytest.raises(pqloader.InvalidArgumentError, match="twice") as caught:
+        pqloader.ParquetDataset([signed + "aaa", signed + "bbb"])
+    assert "aaa" not in str(caught.value) and "bbb" not in str(caught.value)
 
 
 def test_s3_warm_open_is_one_listing(s3_proxy: Callable[..., object], tmp_path: Path) -> None:
