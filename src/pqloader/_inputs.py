@@ -54,15 +54,28 @@ def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.Re
     # and the named index; it reads files whose metadata names the unnamed level left out
     schema = pa.schema([f for f in schema if not _UNNAMED_INDEX.fullmatch(f.name)],
                        metadata=schema.metadata)
+    # object columns of Python values whose kinds pyarrow's guess may change (dates beside
+    # datetimes, naive beside aware, bytes beside str): checked as rows of dicts are
+    guessed = [(n, str(n)) for n in df.columns if df[n].dtype == object and str(n) in
+               schema.names and holds(schema.field(str(n)).type, _is_guessed)] \
+        if df.columns.is_unique else []
 
     def gen() -> Iterator[pa.RecordBatch]:
         for start in range(0, len(df), chunk_rows):
             chunk = df.iloc[start:start + chunk_rows]
+            where = f"DataFrame rows {start}..{start + len(chunk) - 1}"
             try:
                 table = pa.Table.from_pandas(chunk, schema=schema, preserve_index=True)
             except (ValueError, TypeError, OverflowError, pa.ArrowNotImplementedError) as exc:
-                where = f"DataFrame rows {start}..{start + len(chunk) - 1}"
                 raise _pandas_error(chunk, exc, where) from exc
+            for name, field in guessed:
+                values = chunk[name].tolist()
+                if not guess_kept(values, table.column(field)):
+                    raise DataError(
+                        f"{where}, column {name!r}: pyarrow would write its values "
+                        f"({_kinds(values)}) as {table.column(field).type}, changing some; make "
+                        "them one kind that it keeps (e.g. df[col] = pd.to_datetime(df[col])), "
+                        "or write a pyarrow Table with an explicit schema")
             yield from table.to_batches()
 
     return schema, gen()
@@ -196,14 +209,17 @@ _GUESSED = (pa.types.is_date, pa.types.is_timestamp, pa.types.is_time, pa.types.
             pa.types.is_binary, pa.types.is_large_binary)
 
 
+def _is_guessed(t: pa.DataType) -> bool:
+    return any(test(t) for test in _GUESSED)
+
+
 def guess_kept(values: list[Any], column: pa.Array | pa.ChunkedArray) -> bool:
     """Whether ``column``, pyarrow's conversion of Python ``values``, holds those values."""
-    t = column.type
-    if not holds(t, lambda u: any(test(u) for test in _GUESSED)):
+    if not holds(column.type, _is_guessed):
         return True
     if _one_kind_each(values):  # nothing mixed to change: 7x cheaper than comparing them
         return True
-    return same_values(values, column.to_pylist(), t)
+    return same_values(values, column.to_pylist(), column.type)
 
 
 def _one_kind_each(values: list[Any]) -> bool:

@@ -267,22 +267,22 @@ def test_dict_rows_refuse_a_later_value_the_first_rows_type_cannot_hold(
 _PARIS = datetime.timezone(datetime.timedelta(hours=1))
 
 
-@pytest.mark.parametrize(
-    ("first", "other", "kinds"),
-    [
-        pytest.param(datetime.date(2024, 1, 1), datetime.datetime(2024, 1, 1, 12, 30),
-                     "date, datetime", id="datetime-among-dates-lost-its-time"),
-        pytest.param(datetime.datetime(2024, 1, 1, 12, tzinfo=_PARIS),
-                     datetime.datetime(2024, 1, 1, 12), "datetime with a time zone, datetime",
-                     id="naive-among-aware-taken-for-utc"),
-        pytest.param(datetime.datetime(2024, 1, 1, 12),
-                     datetime.datetime(2024, 1, 1, 12, tzinfo=_PARIS),
-                     "datetime, datetime with a time zone", id="aware-among-naive-lost-its-zone"),
-        pytest.param(b"x", "y", "bytes, str", id="str-among-bytes-became-bytes"),
-        pytest.param(datetime.timedelta(days=1), 5, "timedelta, int",
-                     id="int-among-timedeltas-became-microseconds"),
-    ],
-)
+_GUESSES = [
+    pytest.param(datetime.date(2024, 1, 1), datetime.datetime(2024, 1, 1, 12, 30),
+                 "date, datetime", id="datetime-among-dates-lost-its-time"),
+    pytest.param(datetime.datetime(2024, 1, 1, 12, tzinfo=_PARIS),
+                 datetime.datetime(2024, 1, 1, 12), "datetime with a time zone, datetime",
+                 id="naive-among-aware-taken-for-utc"),
+    pytest.param(datetime.datetime(2024, 1, 1, 12),
+                 datetime.datetime(2024, 1, 1, 12, tzinfo=_PARIS),
+                 "datetime, datetime with a time zone", id="aware-among-naive-lost-its-zone"),
+    pytest.param(b"x", "y", "bytes, str", id="str-among-bytes-became-bytes"),
+    pytest.param(datetime.timedelta(days=1), 5, "timedelta, int",
+                 id="int-among-timedeltas-became-microseconds"),
+]
+
+
+@pytest.mark.parametrize(("first", "other", "kinds"), _GUESSES)
 @pytest.mark.parametrize("where", ["first-rows", "later-rows"])
 def test_dict_rows_pyarrow_would_guess_into_other_values_are_refused(
         tmp_path: Path, first: Any, other: Any, kinds: str, where: str) -> None:
@@ -295,6 +295,20 @@ def test_dict_rows_pyarrow_would_guess_into_other_values_are_refused(
     assert not root.exists()
     pqloader.write_dataset([{"a": first}, {"a": first}], root)  # one kind: as it was
     assert pq.read_table(root).column("a").to_pylist() == [first, first]
+
+
+@pytest.mark.parametrize(("first", "other", "kinds"), _GUESSES)
+def test_pandas_object_columns_pyarrow_would_guess_into_other_values_are_refused(
+        tmp_path: Path, first: Any, other: Any, kinds: str) -> None:
+    """As rows of dicts are: the same values in a DataFrame's object column were written
+    changed (a datetime's time dropped, a naive one taken for UTC, a str as bytes)."""
+    frame = pd.DataFrame({"a": pd.Series([first] * 3 + [other], dtype=object)})
+    root = tmp_path / "out"
+    with pytest.raises(pqloader.DataError, match=rf"DataFrame rows 2..3, column 'a'.*\({kinds}\)"):
+        pqloader.write_dataset(frame, root, row_group_size=2)
+    assert not root.exists()
+    pqloader.write_dataset(frame.iloc[:3], root)  # one kind: as it was
+    assert pq.read_table(root).column("a").to_pylist() == [first] * 3
 
 
 @pytest.mark.parametrize("value", [
