@@ -167,6 +167,20 @@ def test_write_parquet_keeps_hive_partition_columns(tmp_path, capsys) -> None:
     assert all_rows(dst) == [{"v": v, "year": y} for y in (2020, 2021) for v in (1, 2)]
 
 
+def test_write_parquet_leaves_plain_folders_named_like_a_column_alone(tmp_path, capsys) -> None:
+    """Only ``key=value`` folders are partitions: a folder ``text/`` holding files with a
+    column ``text`` wrote that column as "" (a number column: a "corrupt file" error)."""
+    for column, values in (("text", ["hello", "world"]), ("label", [7, 8])):
+        (tmp_path / column / column).mkdir(parents=True)
+        pq.write_table(pa.table({"id": [1, 2], column: values}),
+                       tmp_path / column / column / "part-0.parquet")
+        code, _, err = run(capsys, "write", tmp_path / column, tmp_path / f"{column}-out",
+                           "--no-progress")
+        assert code == 0, err
+        assert all_rows(tmp_path / f"{column}-out") == [
+            {"id": i, column: v} for i, v in zip((1, 2), values, strict=True)]
+
+
 def test_write_respects_rows_per_file_and_row_group_size(tmp_path, capsys) -> None:
     src, dst = write_csv(tmp_path / "in.csv", 1000), tmp_path / "out"
     code, _, err = run(capsys, "write", src, dst, "--no-progress", "--rows-per-file", 300,
