@@ -35,8 +35,10 @@ FORMAT = "pqloader.manifest"
 # 2 added each file's "row_bytes"; 3 measures dictionary-encoded strings in them (_measure.py);
 # 4 measures those nested in lists, structs and maps too; 5 measures each where it has values (4
 # measured a column null in the first file as empty everywhere); 6 measures files whose chunks
-# lack min and max values themselves (5 sized them as the first file). An older manifest is still
-# read, unless it has such columns, which it may have measured wrong (then the footers are).
+# lack min and max values themselves (5 sized them as the first file), and values per value not
+# null (5 sized a column sparse where it was measured as sparse everywhere). An older manifest
+# is still read, unless it has such columns, which it may have measured wrong (then the footers
+# are).
 VERSION = 6
 
 

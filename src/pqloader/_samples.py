@@ -30,6 +30,7 @@ from ._sizes import (
     is_flat_bytes,
     largest_row_group,
     leaf_owners,
+    present,
 )
 
 _SAMPLE_BYTES = 8 << 20  # the most bytes of dictionary strings (uncompressed) read to measure
@@ -193,7 +194,7 @@ def measure(handle: pq.ParquetFile, row_group: int, leaves: dict[str, int]
         width = 4 if pa.types.is_string(t) or pa.types.is_binary(t) else 8  # views are read
         # as large strings (_schema.unviewed)
         chunk = rg.column(leaf)
-        out[path] = Sample(sum(map(_value_bytes, values)) / max(1, chunk.num_values), width,
+        out[path] = Sample(sum(map(_value_bytes, values)) / max(1, present(chunk)), width,
                            chunk_reference(chunk))
     return out
 

@@ -30,7 +30,7 @@ RowBytes = dict[str, float]  # top-level column -> decoded bytes per row
 class Sample:
     """A dictionary-encoded string or binary leaf column, measured in one row group."""
 
-    value_bytes: float  # the mean length of its values (a null, an empty list's slot: 0)
+    value_bytes: float  # the mean length of its values that are not null
     offset_bytes: int  # per value: 4, 8 for large_string and large_binary (and views)
     reference: float | None  # the mean length of its min and max value there (footer stats)
 
@@ -75,7 +75,10 @@ def _scaled(sample: Sample, chunk: pq.ColumnChunkMetaData) -> float:
     reference = chunk_reference(chunk)
     if reference is not None and sample.reference:
         scale = reference / sample.reference
-    return float(chunk.num_values * (sample.offset_bytes + sample.value_bytes * scale))
+    # an offset for every slot, values for those not null: a column a pipeline filled
+    # later, sparse where it was sampled, sized every full file 20x too small
+    return float(chunk.num_values * sample.offset_bytes
+                 + present(chunk) * sample.value_bytes * scale)
 
 
 def chunk_reference(chunk: pq.ColumnChunkMetaData) -> float | None:
@@ -85,6 +88,14 @@ def chunk_reference(chunk: pq.ColumnChunkMetaData) -> float | None:
         return None
     lengths = [len(v.encode() if isinstance(v, str) else v) for v in (stats.min, stats.max)]
     return sum(lengths) / 2
+
+
+def present(chunk: pq.ColumnChunkMetaData) -> int:
+    """A column chunk's values that are not null (all of them when its statistics do not
+    say; a null or empty list's slot counts as a null)."""
+    stats = chunk.statistics
+    nulls = stats.null_count if stats is not None and stats.has_null_count else 0
+    return max(0, int(chunk.num_values) - int(nulls))
 
 
 def has_values(chunk: pq.ColumnChunkMetaData) -> bool:

@@ -624,6 +624,28 @@ def test_strings_null_in_the_first_file_are_measured_where_they_have_values(
         assert 0.9 < pq.read_table(f, columns=[column]).nbytes / d.byte_size[fragment] < 1.1
 
 
+@pytest.mark.parametrize("manifest", [False, True])
+def test_strings_sparse_where_measured_are_sized_per_value_elsewhere(
+        tmp_path: Path, manifest: bool) -> None:
+    """A column a pipeline filled later: 1 row in 100 in the first file, every row after. Its
+    mean length there counted the nulls, and sized every other file 20x too small."""
+    from pqloader._manifest import write_manifest
+
+    names = [f"category_{i:03d}_" + "q" * 80 for i in range(50)]
+    n = 20_000
+    pq.write_table(pa.table({"s": [names[i % 50] if i % 100 == 0 else None for i in range(n)]}),
+                   tmp_path / "a.parquet")
+    for k in range(3):
+        pq.write_table(pa.table({"s": [names[i % 50] for i in range(n)]}),
+                       tmp_path / f"b{k}.parquet")
+    files = sorted(tmp_path.glob("*.parquet"))
+    if manifest:
+        write_manifest(tmp_path, [str(f) for f in files])
+    d = pqloader.ParquetDataset(tmp_path)._discovery
+    for fragment, f in enumerate(files):
+        assert 0.85 < pq.read_table(f).nbytes / d.byte_size[fragment] < 1.15, f.name
+
+
 def test_a_version_4_manifest_of_strings_is_not_trusted_for_their_sizes(tmp_path: Path) -> None:
     path = _categories(tmp_path)
     manifest = path / "_pqloader_manifest.json"
