@@ -6,7 +6,8 @@ turns bools into ints, rounds floats into decimals and drops struct fields the t
 Only changes within one kind of value are made here: integers, floats and decimals into
 each other where Arrow's safe cast refuses a value that would not fit, or lose its fraction
 or its precision (not ints into float16, not floats and decimals into each other), floats
-narrowed (rounded to the nearest value, never to infinity, at any depth), other string,
+narrowed (never to infinity, at any depth; rounded to the nearest value only into a type
+``schema=`` asked for, else where each value stays exactly what it was), other string,
 binary and list layouts, timestamp units (refused where they would truncate), dates as
 timestamps and back (a time of day refused), dictionaries of the same values, structs of
 the same fields.
@@ -73,9 +74,11 @@ def keeps_values(src: pa.DataType, dst: pa.DataType) -> bool:
     return False
 
 
-def cast_exactly(array: pa.Array | pa.ChunkedArray, dst: pa.DataType,
-                 ) -> pa.Array | pa.ChunkedArray:
-    """``array`` as ``dst``, or ``ValueError`` saying why that would change its values."""
+def cast_exactly(array: pa.Array | pa.ChunkedArray, dst: pa.DataType, *,
+                 round_floats: bool = True) -> pa.Array | pa.ChunkedArray:
+    """``array`` as ``dst``, or ``ValueError`` saying why that would change its values.
+    ``round_floats``: floats narrowed are rounded to the nearest value (``dst`` was asked for:
+    ``schema=``); else one that would change is refused (``dst`` is the first batch's)."""
     src = array.type
     if not keeps_values(src, dst):
         raise ValueError(f"{src} cannot become {dst} value for value (a cast would parse, "
@@ -83,6 +86,8 @@ def cast_exactly(array: pa.Array | pa.ChunkedArray, dst: pa.DataType,
     out = array.cast(dst, safe=True)
     if _has(dst, _t.is_floating) and _infs(out) != _infs(array):
         raise ValueError(f"a value of {src} is too large for {dst} (it would become inf)")
+    if not round_floats and _has(dst, _t.is_floating) and not _floats_kept(array, out):
+        raise ValueError(f"a value of {src} would be rounded as {dst}")
     if _t.is_timestamp(src) and _t.is_date(dst) and not out.cast(src).equals(array):
         raise ValueError(f"a value of {src} has a time of day, which {dst} would drop")
     return out
@@ -94,6 +99,39 @@ def _has(t: pa.DataType, test: Callable[[pa.DataType], bool]) -> bool:
     if _t.is_dictionary(t):
         return _has(t.value_type, test)
     return any(_has(t.field(i).type, test) for i in range(t.num_fields))
+
+
+def _floats_kept(before: pa.Array | pa.ChunkedArray, after: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether the floats of ``after``, a cast of ``before``, are its values exactly (NaN as
+    NaN), at any depth."""
+    old, new = _floats(before), _floats(after)
+    for a, b in zip(old, new, strict=True):
+        if _t.is_floating(a.type) and a.type.bit_width > b.type.bit_width:
+            back = b.cast(a.type)
+            same = pc.or_kleene(pc.equal(a, back), pc.and_(pc.is_nan(a), pc.is_nan(back)))
+            if not pc.all(pc.fill_null(same, True)).as_py():
+                return False
+    return True
+
+
+def _floats(array: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    """The leaf arrays of ``array`` that hold floats (as _infs walks them)."""
+    if isinstance(array, pa.ChunkedArray):
+        return [leaf for chunk in array.chunks for leaf in _floats(chunk)]
+    t = array.type
+    if _t.is_floating(t):
+        return [array]
+    if _t.is_dictionary(t):
+        return _floats(array.dictionary_decode())
+    if _t.is_map(t):
+        start, stop = array.offsets[0].as_py(), array.offsets[-1].as_py()
+        return _floats(array.keys.slice(start, stop - start)) + \
+            _floats(array.items.slice(start, stop - start))
+    if _any(_LISTS, t):
+        return _floats(array.flatten())
+    if _t.is_struct(t):
+        return [leaf for child in array.flatten() for leaf in _floats(child)]
+    return []
 
 
 def _infs(array: pa.Array | pa.ChunkedArray) -> int:

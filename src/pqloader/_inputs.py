@@ -339,9 +339,10 @@ def _as_batches(
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema, number: int,
-            whose: str = "the first had") -> pa.RecordBatch:
+            whose: str = "the first had", *, asked: bool = False) -> pa.RecordBatch:
     """A later record batch as the first one's schema (or the one given, ``whose`` says):
-    columns by name, types cast safely."""
+    columns by name, types cast safely. ``asked``: ``schema`` is one given (``schema=``), into
+    which floats are rounded; the first batch's takes them only as they are."""
     names, first = batch.schema.names, schema.names
     if names != first:
         if sorted(names) != sorted(first) or len(set(names)) != len(names):
@@ -356,7 +357,8 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, number: int,
     columns = []
     for column, f, g in zip(batch.columns, batch.schema, schema, strict=True):
         try:  # within the values' kind only (_casts.py): Arrow's cast parses "007" as 7
-            columns.append(column if f.type.equals(g.type) else cast_exactly(column, g.type))
+            columns.append(column if f.type.equals(g.type) else cast_exactly(
+                column, g.type, round_floats=asked))
         except (ValueError, pa.ArrowInvalid, pa.ArrowTypeError, NotImplementedError) as exc:
             raise DataError(f"record batch {number} (from 0): column {f.name!r} is {f.type}, "
                             f"{whose} {g.type}: {exc}; convert it before writing, or give "

@@ -101,7 +101,9 @@ def write_dataset(
             cannot tell (a key that is None in all of them is typed ``null`` and holds no
             later value). Each batch is matched to it by column name, and its types changed
             only within their kind of value: a value that would change (text parsed as a
-            number, a float rounded into a decimal) is a DataError naming the column.
+            number, a float rounded into a decimal) is a DataError naming the column. Floats
+            are rounded into narrower ones only here (a later batch's doubles into the first
+            batch's floats must stay exactly what they are).
 
     Returns:
         The paths written. Each file appears under its final name only once complete. Until
@@ -172,7 +174,8 @@ def write_dataset(
 def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
                  row_group_size: int, compression: str, progress: bool | None,
                  schema: pa.Schema | None) -> list[str]:
-    whose = "the first had" if schema is None else "schema= has"
+    asked = schema is not None
+    whose = "schema= has" if asked else "the first had"
     schema, batches, total = as_batches(data, row_group_size, schema)
     if not len(schema):  # its batches hold rows but no column: their files never filled up
         raise DataError("the input has no column; give it at least one")
@@ -204,7 +207,7 @@ def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
     try:
         for number, batch in enumerate(batches):
             if not batch.schema.equals(schema):
-                batch = conform(batch, schema, number, whose)
+                batch = conform(batch, schema, number, whose, asked=asked)
             buffered.append(batch)
             buffered_rows += batch.num_rows
             flush(final=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import re
 import subprocess
 import sys
@@ -672,6 +673,25 @@ def test_a_cast_that_would_change_values_is_refused(tmp_path: Path, values: pa.A
     batches = [pa.record_batch({"x": pa.array([None], to)}), pa.record_batch({"x": values})]
     with pytest.raises(pqloader.DataError, match=r"record batch 1 .*, the first had"):
         pqloader.write_dataset(batches, tmp_path / "b")
+
+
+@pytest.mark.parametrize("later", [pa.array([0.1, 16777217.0]), pa.array([[0.1]])])
+def test_floats_are_rounded_only_into_a_type_schema_asks_for(tmp_path: Path,
+                                                             later: pa.Array) -> None:
+    """A later batch's doubles into the first batch's floats were rounded silently (0.1 as
+    0.10000000149, 16777217 as 16777216); now only as they are, or into a schema= float."""
+    first = pa.array([None], pa.float32() if later.type == pa.float64()
+                     else pa.list_(pa.float32()))
+    with pytest.raises(pqloader.DataError, match=r"record batch 1 .* would be rounded"):
+        pqloader.write_dataset([pa.record_batch({"x": first}), pa.record_batch({"x": later})],
+                               tmp_path / "a")
+    exact = pa.array([0.5, float("nan"), None, 2.0**100], pa.float64())
+    pqloader.write_dataset([pa.record_batch({"x": pa.array([1.5], pa.float32())}),
+                            pa.record_batch({"x": exact})], tmp_path / "b")
+    back = pq.read_table(tmp_path / "b").column("x").to_pylist()
+    assert back[:2] + back[3:] == [1.5, 0.5, None, 2.0**100] and math.isnan(back[2])
+    pqloader.write_dataset(pa.table({"x": later}), tmp_path / "c",
+                           schema=pa.schema({"x": first.type}))  # asked for: rounded
 
 
 def test_casts_within_a_kind_keep_their_values(tmp_path: Path) -> None:
