@@ -218,9 +218,10 @@ class Cache:
                                   header["length"], st.st_size, st.st_mtime, Path(entry.path)))
         return sorted(out, key=lambda e: e.last_used)
 
-    def evict(self, target: int | None = None) -> int:
+    def evict(self, target: int | None = None, *, wait: bool = False) -> int:
         """Delete least recently used entries until the cache holds at most ``target`` bytes
-        (default: 90% of ``max_bytes``). One process evicts at a time; returns bytes freed."""
+        (default: 90% of ``max_bytes``). One process evicts at a time: while another does,
+        this returns at once (``wait``: waits its turn); returns bytes freed."""
         if target is None:
             if self.max_bytes is None:
                 return 0
@@ -232,7 +233,7 @@ class Cache:
         freed = 0
         with open(self._root / ".lock", "a+b") as lock:
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:
                 return 0  # another process is evicting right now
             try:
@@ -277,7 +278,7 @@ class Cache:
 
     def clear(self) -> int:
         """Delete every entry, old layouts' too; returns bytes freed."""
-        freed = self.evict(target=0)
+        freed = self.evict(target=0, wait=True)  # not "0 freed" while a job evicts
         for name, size in self.old_layouts().items():
             shutil.rmtree(self.directory / name, ignore_errors=True)
             freed += size - tree_bytes(self.directory / name)  # what a writer kept, if any

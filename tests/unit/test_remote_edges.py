@@ -280,3 +280,24 @@ def test_a_body_cut_short_mid_transfer_is_retried(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_clear_waits_for_an_eviction_under_way_and_deletes_everything(tmp_path: Path) -> None:
+    """It returned "0 freed" at once, every entry kept, while a job was evicting."""
+    import fcntl
+    import time
+
+    cache = Cache(tmp_path)
+    for i in range(5):
+        cache.put("s3://b/k", "v1", i * 100, 100, b"x" * 100)
+    with open(cache._root / ".lock", "a+b") as lock:  # a job evicting, in another process
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done: list[int] = []
+        thread = threading.Thread(target=lambda: done.append(Cache(tmp_path).clear()))
+        thread.start()
+        time.sleep(0.3)
+        assert not done  # waiting its turn
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        thread.join(10)
+    assert done and done[0] > 0
+    assert cache.entries() == []
