@@ -114,11 +114,12 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
         raise CommandFailure(f"{source} holds no column: nothing to write")
     if first is None:  # a header alone: an empty dataset of its columns, typed null
         return schema, iter(()), [source]
-    problem = guess_problem(schema, types, source) or (
-        _zeros(source, schema, types, encoding) if fmt == "csv" else None)
-    if problem:
+    if problem := guess_problem(schema, types, source):
         raise CommandFailure(problem)
-    return schema, itertools.chain([first], batches), [source]
+    rows: Iterator[pa.RecordBatch] = itertools.chain([first], batches)
+    if fmt == "csv":
+        rows = _unpadded(rows, source, schema, types, encoding)
+    return schema, rows, [source]
 
 
 def text_encoding(encoding: str | None, fmt: str) -> None:
@@ -149,25 +150,46 @@ def _open_csv(source: str, types: dict[str, pa.DataType], encoding: str | None,
         convert_options=pa_csv.ConvertOptions(column_types=types, include_columns=only))
 
 
-def _zeros(source: str, schema: pa.Schema, types: dict[str, pa.DataType],
-           encoding: str | None) -> str | None:
-    """Text with leading zeros in a column guessed integer (zip codes, phone numbers, padded
-    ids: "01234" became 1234), in the rows the types were guessed from: those read again as
-    text."""
+def _unpadded(batches: Iterator[pa.RecordBatch], source: str, schema: pa.Schema,
+              types: dict[str, pa.DataType], encoding: str | None) -> Iterator[pa.RecordBatch]:
+    """``batches``, refused at the first text with leading zeros in a column guessed integer
+    (zip codes, phone numbers, padded ids: "01234" became 1234): those columns read again as
+    text, alongside. The first block is checked before any row is written; one past it was
+    written as it came, unchecked."""
     guessed = [f.name for f in schema if pa.types.is_integer(f.type) and f.name not in types]
     if not guessed:
-        return None
-    text = _open_csv(source, dict.fromkeys(guessed, pa.string()), encoding, guessed)
-    first = next(iter(text), None)
-    if first is None:
-        return None
+        return batches
+    text = iter(_open_csv(source, dict.fromkeys(guessed, pa.string()), encoding, guessed))
+    checked = [0]  # rows of text checked
+
+    def check(upto: int) -> None:
+        while checked[0] < upto and (block := next(text, None)) is not None:
+            if problem := _zeros(block, checked[0], source, schema, guessed):
+                raise CommandFailure(problem)
+            checked[0] += block.num_rows
+
+    check(1)  # the first block, before writing
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        given = 0
+        for batch in batches:
+            given += batch.num_rows
+            check(given)
+            yield batch
+
+    return gen()
+
+
+def _zeros(block: pa.RecordBatch, first_row: int, source: str, schema: pa.Schema,
+           guessed: list[str]) -> str | None:
+    """What is wrong with text of ``block`` (rows from ``first_row``) with leading zeros."""
     for name in guessed:
-        padded = pc.match_substring_regex(first.column(name), r"^\s*[+-]?0[0-9]")
+        padded = pc.match_substring_regex(block.column(name), r"^\s*[+-]?0[0-9]")
         if pc.any(padded).as_py():
             row = pc.index(padded, True).as_py()
             return (f"{source}: column {name!r} was guessed {schema.field(name).type}, and its "
-                    f"row {row + 1:,} (from 1, after any header) is "
-                    f"{first.column(name)[row].as_py()!r}: an integer drops its leading zero. "
+                    f"row {first_row + row + 1:,} (from 1, after any header) is "
+                    f"{block.column(name)[row].as_py()!r}: an integer drops its leading zero. "
                     f"Pass --column-type {name}=string to keep the text (zip codes, phone "
                     f"numbers, ids), or --column-type {name}=int64 if it is a number")
     return None

@@ -706,3 +706,19 @@ def test_write_refuses_leading_zeros_an_integer_would_drop(tmp_path: Path, capsy
     code, _, err = run(capsys, "write", src, tmp_path / "n", "--no-progress",
                        "--column-type", "zip=int64", "--column-type", "phone=int64")
     assert code == 0 and all_rows(tmp_path / "n")[1]["zip"] == 1234  # asked for
+
+
+def test_write_refuses_leading_zeros_past_the_first_block(tmp_path: Path, capsys,
+                                                          monkeypatch) -> None:
+    """The first block (16 MiB) was checked alone: a zip code "01234" first met past it was
+    written as 1234."""
+    import pqloader._convert
+
+    monkeypatch.setattr(pqloader._convert, "_BLOCK", 4096)  # blocks of ~300 rows
+    src = tmp_path / "places.csv"
+    rows = [f"{i},{90210 + i}" if i != 1500 else f"{i},01234" for i in range(2000)]
+    src.write_text("id,zip\n" + "\n".join(rows) + "\n")
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress",
+                       "--rows-per-file", 500)
+    assert code == 1 and "column 'zip' was guessed int64, and its row 1,501" in err, err
+    assert "'01234'" in err
