@@ -145,7 +145,8 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
     """Check, per epoch, that the recorded deliveries cover every row exactly once.
 
     Counted apart, as the loader documents them: the padding that evens the ranks (at most
-    ``world_size - 1`` rows twice, without ``drop_last``), and the rows ``drop_last`` leaves out
+    ``world_size - 1`` rows twice, without ``drop_last``, for each world size the epoch ran in),
+    and the rows ``drop_last`` leaves out
     (as many as every record file's settings leave out, none delivered twice).
     """
     files = sorted(Path(directory).glob("rank*.jsonl"))
@@ -157,7 +158,7 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
     counts: dict[int, np.ndarray] = {}
     where: dict[int, list[tuple[str, int, int, np.ndarray]]] = defaultdict(list)
     reports: dict[int, EpochReport] = {}
-    world_size = 1
+    worlds: dict[int, set[int]] = defaultdict(set)  # per epoch: the world sizes it ran in
     left_out: dict[int, set[int | None]] = defaultdict(set)  # per epoch, per record file
     for path in files:
         lines = _read_records(path)
@@ -166,7 +167,6 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
         if not lines or lines[0].get("format") != HEADER:
             raise InvalidArgumentError(f"{path}: not a pqloader audit record")
         head = lines[0]
-        world_size = max(world_size, int(head.get("world_size", 1)))
         if num_rows is None:
             num_rows, dataset, first = int(head["dataset"]["rows"]), head["dataset"], path
         elif head["dataset"] != dataset:  # rows alone: two datasets of one size were merged
@@ -176,6 +176,7 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
         for rec in lines[1:]:
             epoch = int(rec["epoch"])
             left_out[epoch].add(_left_out(num_rows, head))
+            worlds[epoch].add(int(head.get("world_size", 1)))
             rows = decode_rows(rec["rows"])
             count = counts.setdefault(epoch, np.zeros(num_rows, dtype=np.int32))
             np.add.at(count, rows, 1)
@@ -191,9 +192,11 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
         report.duplicates = int((count > 1).sum())
         report.missing = int((count == 0).sum())
         extra = report.delivered - report.num_rows
-        if not report.missing and extra <= world_size - 1 and report.duplicates == extra:
+        padding = sum(w - 1 for w in worlds[epoch])
+        if not report.missing and extra <= padding and report.duplicates == extra:
             # without drop_last, the ranks yield equal batches: at most world_size - 1 rows
-            # come twice when the rows do not divide evenly, and none is missing then
+            # come twice when the rows do not divide evenly, and none is missing then; an
+            # epoch resumed in another world evens the rows left again, for its world_size - 1
             report.padding, report.duplicates = report.duplicates, 0
         (dropped,) = left_out[epoch] if len(left_out[epoch]) == 1 else (None,)
         if dropped and report.missing == dropped and not report.duplicates:
