@@ -146,8 +146,8 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
 
     Counted apart, as the loader documents them: the padding that evens the ranks (at most
     ``world_size - 1`` rows twice, without ``drop_last``, for each world size the epoch ran in),
-    and the rows ``drop_last`` leaves out
-    (as many as every record file's settings leave out, none delivered twice).
+    and the rows ``drop_last`` leaves out (as many as every record file's settings leave out,
+    none delivered twice).
     """
     files = sorted(Path(directory).glob("rank*.jsonl"))
     if not files:
