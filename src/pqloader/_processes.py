@@ -64,7 +64,8 @@ class ProcessDelivery:
             # inside: a persistent iterator's reset drains a pass broken off, and a worker
             # that died or got stuck meanwhile must not leave it to every later epoch
             with lock:
-                loader.dataset.set_epoch(epoch, start)  # type: ignore[attr-defined]
+                loader.dataset.set_epoch(  # type: ignore[attr-defined]
+                    epoch, start, num_workers=w.num_workers)
                 loader.pqloader_pass = this_pass
                 it = iter(loader)
             if up is not None and w.timeout:

@@ -27,19 +27,20 @@ if TYPE_CHECKING:
 
 
 class SharedCursor:
-    """Where the next iteration starts: (epoch, batches already yielded in it).
+    """Where the next iteration starts: (epoch, batches already yielded in it, the workers
+    of the plan they count in; 0: the next iteration's).
 
     Shared memory, so ``set_epoch`` and a restored state reach persistent worker processes.
     """
 
     def __init__(self) -> None:
-        self._values = multiprocessing.RawArray("q", 2)
+        self._values = multiprocessing.RawArray("q", 3)
 
-    def get(self) -> tuple[int, int]:
-        return int(self._values[0]), int(self._values[1])
+    def get(self) -> tuple[int, int, int]:
+        return int(self._values[0]), int(self._values[1]), int(self._values[2])
 
-    def set(self, epoch: int, start: int = 0) -> None:
-        self._values[0], self._values[1] = epoch, start
+    def set(self, epoch: int, start: int = 0, workers: int = 0) -> None:
+        self._values[0], self._values[1], self._values[2] = epoch, start, workers
 
 
 def skipped(worker: int, start: int, num_workers: int) -> int:
@@ -285,15 +286,25 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         self._cursor = SharedCursor()
         return self
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """The epoch of the next iteration (and batches of it to skip, when resuming)."""
+    def set_epoch(self, epoch: int, start: int = 0, *, num_workers: int | None = None) -> None:
+        """The epoch of the next iteration, and when resuming, the batches of it to skip:
+        ``start``, those torch's ``DataLoader`` yielded with ``num_workers`` workers (the
+        plan deals batches to workers: another count would repeat and lose rows, so it is
+        refused; ``pqloader.DataLoader``'s ``state_dict`` resumes under any)."""
         check_positive("epoch", epoch, allow_zero=True)
         check_positive("start", start, allow_zero=True)
         batches = self._planner.remaining(epoch)
         if start > batches:
             raise InvalidArgumentError(
                 f"start={start} is past the epoch's {batches} batches on this rank")
-        self._cursor.set(epoch, start)
+        if start and num_workers is None:
+            raise InvalidArgumentError(
+                f"set_epoch(..., start={start}) needs num_workers=: the num_workers of the "
+                "torch DataLoader those batches came from (the plan deals batches to its "
+                "workers)")
+        if num_workers is not None:
+            check_positive("num_workers", num_workers, allow_zero=True)
+        self._cursor.set(epoch, start, max(1, num_workers or 0) if start else 0)
 
     def __len__(self) -> int:
         """Batches of this epoch on this rank (over all of torch's workers together)."""
@@ -303,7 +314,14 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         check_world(self._planner.config.world, "dataset (ds.to_torch())")
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        epoch, start = self._cursor.get()
+        epoch, start, counted = self._cursor.get()
+        if counted and counted != workers:
+            raise InvalidArgumentError(
+                f"set_epoch(..., start={start}) counts batches of {counted} torch worker(s) "
+                f"(num_workers={counted if counted > 1 else '0 or 1'}), and this DataLoader "
+                f"has {workers}: the rows of the two plans differ, and some would come twice, "
+                "others never. Resume with the same num_workers, or use pqloader.DataLoader, "
+                "whose state_dict resumes under any")
         if (memory := self._planner.stages.memory) is not None:
             if info is not None:
                 raise InvalidArgumentError(
