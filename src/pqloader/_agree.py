@@ -24,9 +24,11 @@ does): the key holds the restart count, and a value rank 0 published before this
 
 Not told: ranks whose only pass ends before rank 0 publishes; rank 0 if its last pass ends before
 the others compare (each rank that differs is told); the epoch and the cursor (a rank may peek at
-a batch before training); ``ds.to_torch()`` (its workers are processes torch forks). If the
-process that holds the store (rank 0's, under ``init_method="tcp://"``) is stopped, a look waits
-as a collective would.
+a batch before training). ``ds.to_torch()`` is checked in the process that holds it, never in
+torch's workers: at ``set_epoch`` and ``len()``, and at each batch it makes itself
+(``num_workers=0``); under torch's workers a rank is told at its next ``set_epoch`` or ``len()``
+once rank 0 has published. If the process that holds the store (rank 0's, under
+``init_method="tcp://"``) is stopped, a look waits as a collective would.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
+from ._agree import Agreement, built_at
 from ._collate import column_kinds
 from ._config import LoaderConfig, bytes_per_row
 from ._errors import InvalidArgumentError, StateMismatchError, check_positive
@@ -270,13 +271,21 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
                               **options)
         self._planner = Planner(dataset, config)
         self._cursor = SharedCursor()
+        # do the ranks plan alike? (_agree.py) Asked in this process, never in torch's
+        # workers: at set_epoch and len(), and while it iterates here (num_workers=0)
+        self._agreement: Agreement | None = Agreement(config.world, built_at(2))
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled in the parent for spawn and forkserver workers, where the process group
         # shows: a spawned worker has none, so its own check in __iter__ passed, and every
         # rank read every row.
         check_world(self._planner.config.world, "dataset (ds.to_torch())")
-        return self.__dict__
+        return {**self.__dict__, "_agreement": None}
+
+    def _check_ranks(self, *, now: bool) -> None:
+        if self._agreement is not None:
+            self._agreement.begin(self._planner.agreed())
+            self._agreement.poll(now=now)
 
     @classmethod
     def from_planner(cls, planner: Planner) -> TorchIterable:
@@ -284,6 +293,7 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         self = cls.__new__(cls)
         self._planner = planner
         self._cursor = SharedCursor()
+        self._agreement = None  # the loader's own checks
         return self
 
     def set_epoch(self, epoch: int, start: int = 0, *, num_workers: int | None = None) -> None:
@@ -304,10 +314,12 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
                 "workers)")
         if num_workers is not None:
             check_positive("num_workers", num_workers, allow_zero=True)
+        self._check_ranks(now=True)
         self._cursor.set(epoch, start, max(1, num_workers or 0) if start else 0)
 
     def __len__(self) -> int:
         """Batches of this epoch on this rank (over all of torch's workers together)."""
+        self._check_ranks(now=False)
         return self._planner.epoch_batches(self._cursor.get()[0])
 
     def __iter__(self) -> Iterator[Any]:
@@ -336,7 +348,10 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         # belongs to plan worker start % workers, so torch's worker i plays that one + i.
         batches = self._planner.batches(plan, (worker + start) % workers, epoch, start)
         if info is None:
-            yield from batches
+            self._check_ranks(now=True)
+            for batch in batches:
+                yield batch
+                self._check_ranks(now=False)
         elif self._planner.stages.audit:  # (batch, row numbers) pairs
             for batch, rows in batches:
                 yield compact(batch), rows

@@ -34,6 +34,13 @@ def _train_loader(files: list[str], kw: dict[str, Any]) -> pqloader.DataLoader:
 TRAIN_BUILT_AT = f"{Path(__file__).name}:{_train_loader.__code__.co_firstlineno + 1}"
 
 
+def _torch_iterable(files: list[str], kw: dict[str, Any]) -> Any:
+    return pqloader.ParquetDataset(files).to_torch(**kw)
+
+
+TORCH_BUILT_AT = f"{Path(__file__).name}:{_torch_iterable.__code__.co_firstlineno + 1}"
+
+
 def _rank(rank: int, port: int, case: str, source: str, out: str) -> None:
     if case == "seed per rank, check off":
         os.environ["PQLOADER_CHECK_RANKS"] = "0"
@@ -41,7 +48,7 @@ def _rank(rank: int, port: int, case: str, source: str, out: str) -> None:
                             world_size=WORLD)
     files = sorted(str(f) for f in Path(source).glob("*.parquet"))
     kw: dict[str, Any] = {"batch_size": 16, "shuffle": True, "seed": 7, "num_workers": 0}
-    if case == "another file" and rank == 1:
+    if case.replace("to_torch, ", "").startswith("another file") and rank == 1:
         files = files[:-1]  # listed while the writer was still adding the last
     elif case == "another order" and rank == 1:
         files = files[::-1]  # a list built from a set
@@ -67,6 +74,17 @@ def _rank(rank: int, port: int, case: str, source: str, out: str) -> None:
         if case == "agree, rank 0 peeks at a loader of its own first" and rank == 0:
             own = pqloader.DataLoader(pqloader.ParquetDataset(files[:1]), batch_size=4)
             next(iter(own))  # built elsewhere: the train loaders are still matched
+        if case.startswith("to_torch"):  # torch's DataLoader over ds.to_torch()
+            workers = int(case[-1])
+            kw.pop("num_workers")
+            it = _torch_iterable(files, kw)
+            for epoch in range(3):
+                it.set_epoch(epoch)
+                for batch in torch.utils.data.DataLoader(it, batch_size=None,
+                                                         num_workers=workers):
+                    rows += len(batch["id"])
+                    time.sleep(0.005)
+            raise AssertionError("not told")
         loader = _train_loader(files, kw)
         pickle.dumps(loader)  # a loader under a group stays picklable
         if case.startswith("agree") and rank == 0:
@@ -114,6 +132,21 @@ def test_ranks_that_plan_differently_are_told(make_dataset: Any, tmp_path: Path,
         in first["told"], first
     assert differs in first["told"]
     assert first["rows"] < 3 * 500 and second["rows"] < 3 * 500  # within the first epoch
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_to_torch_ranks_that_plan_differently_are_told(make_dataset: Any, tmp_path: Path,
+                                                       workers: int) -> None:
+    """Rank 1 listed 3 of 4 files: it ran 8 batches an epoch against rank 0's 10, silently,
+    and rank 0 died in its next collective. Now told by the next set_epoch at the latest
+    (iterated in the process, at a batch once rank 0 has published)."""
+    source = make_dataset(1000, rows_per_file=250, row_group_size=50)
+    first, second = _run(f"to_torch, another file, {workers}", source, tmp_path / "out")
+    told = f"rank 1 plans the loader built at {TORCH_BUILT_AT} differently from rank 0"
+    assert told in second["told"], second
+    assert "rank 1 has 3 files of 750 rows, rank 0 4 files of 1,000 rows" in second["told"]
+    assert second["rows"] <= 375, second  # the first epoch at most
+    assert first["told"] == "" or told in first["told"], first
 
 
 def test_a_rank_given_local_rank_is_told(make_dataset: Any, tmp_path: Path) -> None:
