@@ -69,6 +69,8 @@ class Agreement:
         self._interval = POLL_S
         self._watch = ""  # rank 0: where the other ranks count themselves
         self._terms: dict[str, Any] = {}
+        self._alike: dict[str, Any] = {}  # settings ranks may differ in (see alike())
+        self._known: bool | None = None  # alike()'s answer, once known
         group = _group()
         if group is None or group[1] != world.world_size or world.world_size < 2:
             return
@@ -85,17 +87,19 @@ class Agreement:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
         self._key = f"pqloader/agree/{world.world_size}/{restart}/{where}/{index}"
 
-    def begin(self, terms: Mapping[str, Any]) -> None:
+    def begin(self, terms: Mapping[str, Any], alike: Mapping[str, Any] | None = None) -> None:
         """This rank plans from ``terms`` (JSON types; the same at every pass). Rank 0
-        publishes them, at the first pass."""
+        publishes them, at the first pass. ``alike``: settings the ranks may differ in, but
+        then a state saved by one rank restores none other (:meth:`alike`)."""
         if self._told is not None:
             raise InvalidArgumentError(self._told)
         if not self._key or self._polling:
             return
-        self._terms = dict(terms)
+        self._terms, self._alike = dict(terms), dict(alike or {})
         if self._world.rank == 0:
             token = uuid.uuid4().hex
-            value = {"time": time.time(), "token": token, "terms": self._terms}
+            value = {"time": time.time(), "token": token, "terms": self._terms,
+                     "alike": self._alike}
             try:
                 _store().set(self._key, json.dumps(value))
             except Exception:  # private API, a group destroyed, a store gone: never stop
@@ -135,6 +139,9 @@ class Agreement:
         self._done()
         told = compare(self._terms, value["terms"], self._world.rank, self._where)
         try:
+            if told is None and value.get("alike", {}) != self._alike:
+                self._known = False  # counted before "agree": rank 0 then knows
+                store.add(f"{watch}/unlike", 1)
             if told is not None:
                 store.set(f"{watch}/told", told)
             store.add(f"{watch}/{'differ' if told else 'agree'}", 1)
@@ -154,6 +161,26 @@ class Agreement:
         if agree >= self._world.world_size - 1:
             self._done()
         return None
+
+
+    def alike(self) -> bool | None:
+        """Whether every rank has rank 0's ``alike`` settings: ``None`` while unknown (no
+        process group, or not every rank has compared yet; a rank but 0 knows only whether it
+        differs itself)."""
+        if self._known is not None or self._world.world_size < 2:
+            return True if self._known is None else self._known
+        if not self._watch:  # a rank but 0, alike so far; or no check
+            return None
+        try:
+            store = _store()
+            unlike, agree = (store.add(f"{self._watch}/{k}", 0) for k in ("unlike", "agree"))
+        except Exception:  # as in begin
+            return None
+        if unlike:
+            self._known = False
+        elif agree >= self._world.world_size - 1:
+            self._known = True
+        return self._known
 
 
 def compare(mine: Mapping[str, Any], first: Mapping[str, Any], rank: int,

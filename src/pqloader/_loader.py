@@ -23,7 +23,7 @@ from ._errors import (
 )
 from ._plan import RankPlan
 from ._processes import ProcessDelivery
-from ._state import Cursor, make_state, read_state
+from ._state import PER_RANK, Cursor, check_own, make_state, read_state
 from ._torch import Planner
 from ._world import check_world, resolve_world
 
@@ -221,13 +221,18 @@ class DataLoader:
         order and a fingerprint of the dataset. Save it with the model at a step; in DDP the
         ranks step in lockstep, so rank 0's state restores every rank whose settings are
         rank 0's (the same ``num_workers`` and window size): else restore each rank's own.
+        It says which (``ranks_alike``, ``None`` until every rank has compared with rank 0):
+        a state of unlike ranks restores only the rank that saved it, with its settings.
         """
         batches = self._batches if self._resume is None else self._resume
         origin = self._planner.origin
         chain = origin[1] if origin is not None and origin[0] == self._epoch else None
         cursor = Cursor(self._epoch, batches, self._planner.settings(self._plan_workers),
                         chain)
-        return make_state(cursor, self._planner.fingerprint)
+        # whether other ranks' plans are this one's (an elastic resume rebuilds them all
+        # from this state's settings): None while unknown (no process group: one process)
+        return {**make_state(cursor, self._planner.fingerprint),
+                "rank": self.config.world.rank, "ranks_alike": self._agreement.alike()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state.
@@ -259,7 +264,10 @@ class DataLoader:
                 f"state cursor batches={cursor.batches} is out of range: the saved plan has "
                 f"{saved[0].num_batches} batches per rank in epoch {cursor.epoch}"
             )
-        if planner.adopt_window_rows(cursor.settings.get("shuffle_window_rows", 0)):
+        rows = cursor.settings.get("shuffle_window_rows", 0)
+        check_own(state, cursor, {**current, "shuffle_window_rows": rows}
+                  if planner.would_adopt(rows) else current, self.config.world.rank)
+        if planner.adopt_window_rows(rows):
             current = planner.settings(self._plan_workers)  # the state is valid: now adopt
         if dict(cursor.settings) == current:
             origin, batches = cursor.origin, cursor.batches
@@ -277,7 +285,8 @@ class DataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         check_world(self.config.world, "DataLoader")
-        self._agreement.begin(self._planner.agreed())
+        settings = self._planner.settings(self._plan_workers)
+        self._agreement.begin(self._planner.agreed(), {k: settings[k] for k in PER_RANK})
         if self._resume is None:  # not the pass a restored state resumes: a whole epoch
             self._forget_origin()
         epoch, start = self._epoch, self._resume or 0

@@ -169,3 +169,25 @@ def _check_origin(origin: Any, top: Mapping[str, Any], depth: int = 0) -> None:
         raise StateMismatchError(
             f"the state's {where}.batches={origin.get('batches')!r} is invalid")
     _check_origin(origin.get("resumed_from"), top, depth + 1)
+
+
+PER_RANK = ("num_workers", "shuffle_window_rows")  # settings the ranks may each have their own
+
+
+def check_own(state: Mapping[str, Any], cursor: Cursor, current: Mapping[str, Any],
+              rank: int) -> None:
+    """Refuse a state of ranks unlike each other (``PER_RANK``) anywhere but an exact resume
+    of the rank that saved it: any other rebuilds every old rank's plan from this one's
+    settings, and rows of the ranks that differed repeat and go missing (found in review)."""
+    if state.get("ranks_alike") is not False or cursor.batches == 0:
+        return
+    saved = cursor.settings
+    if state.get("rank") == rank and dict(saved) == dict(current):
+        return
+    own = ", ".join(f"{k}={saved[k]!r}" for k in PER_RANK)
+    raise StateMismatchError(
+        f"this state was saved by rank {state.get('rank')} of {saved['world_size']} ranks "
+        f"whose num_workers or shuffle_window_rows differed ({own} there): it restores that "
+        "rank alone, with its settings; restore each rank's own state, or give every rank "
+        "the same num_workers and shuffle_window_rows to resume with other settings or "
+        "another world size")

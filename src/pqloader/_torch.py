@@ -113,14 +113,18 @@ class Planner:
         """Take a saved state's window size when this one was chosen automatically (and
         ``rows`` fits the memory budget, if any), so that the state resumes exactly: the
         automatic size changes with pqloader's estimate of decoded bytes. Whether it did."""
-        c = self.config
-        if c.shuffle_window_rows is not None or rows == self.window_rows or rows < 1 or (
-                c.memory_budget_bytes is not None and rows > self.window_rows):
+        if not self.would_adopt(rows):
             return False
         self.window_rows = rows
         self.stages = dataclasses.replace(self.stages, window_bytes=self._window_bytes(),
                                           window_rows=rows)
         return True
+
+    def would_adopt(self, rows: int) -> bool:
+        """Whether :meth:`adopt_window_rows` would take ``rows``."""
+        c = self.config
+        return not (c.shuffle_window_rows is not None or rows == self.window_rows or rows < 1
+                    or (c.memory_budget_bytes is not None and rows > self.window_rows))
 
     def __len__(self) -> int:
         c = self.config

@@ -74,6 +74,17 @@ def _rank(rank: int, port: int, case: str, source: str, out: str) -> None:
         if case == "agree, rank 0 peeks at a loader of its own first" and rank == 0:
             own = pqloader.DataLoader(pqloader.ParquetDataset(files[:1]), batch_size=4)
             next(iter(own))  # built elsewhere: the train loaders are still matched
+        if case.endswith("workers"):  # ranks of one num_workers, or each its own
+            kw["num_workers"] = 1 + rank * (case == "unlike workers")
+            loader = _train_loader(files, kw)
+            for k, batch in enumerate(loader):
+                rows += len(batch["id"])
+                time.sleep(0.1)  # rank 1 compares with rank 0 meanwhile
+                if k == 9:
+                    break
+            dist.barrier()
+            Path(f"{out}.state{rank}").write_text(json.dumps(loader.state_dict()))
+            raise pqloader.InvalidArgumentError("")
         if case.startswith("to_torch"):  # torch's DataLoader over ds.to_torch()
             workers = int(case[-1])
             kw.pop("num_workers")
@@ -172,3 +183,31 @@ def test_ranks_that_agree_or_turn_the_check_off_are_not_told(make_dataset: Any, 
     assert [r["told"] for r in results] == ["", ""]
     alone = 1000 if case == "agree, rank 0 peeks and reads alone" else 0
     assert [r["rows"] for r in results] == [alone + 3 * 500, 3 * 500]
+
+
+@pytest.mark.parametrize("case", ["unlike workers", "alike workers"])
+def test_a_state_of_ranks_with_their_own_num_workers_restores_its_rank_alone(
+        make_dataset: Any, tmp_path: Path, case: str) -> None:
+    """Rank 0 with 1 worker, rank 1 with 2 (num_workers=os.cpu_count() on unlike nodes): a
+    resume from rank 0's state on 3 ranks rebuilt rank 1's plan with 1 worker, and 120 rows
+    came twice, 120 never, silently. The state now says the ranks differed."""
+    source = make_dataset(1000, rows_per_file=250, row_group_size=50)
+    _run(case, source, tmp_path / "out")
+    state = json.loads((tmp_path / "out.state0").read_text())
+    files = sorted(str(f) for f in Path(source).glob("*.parquet"))
+
+    def resume(rank: int, world_size: int, workers: int) -> int:
+        loader = pqloader.DataLoader(pqloader.ParquetDataset(files), batch_size=16,
+                                     shuffle=True, seed=7, num_workers=workers, rank=rank,
+                                     world_size=world_size)
+        loader.load_state_dict(state)
+        return sum(len(b["id"]) for b in loader)
+
+    assert state["ranks_alike"] is (case == "alike workers")
+    assert resume(0, 2, 1) == 500 - 160  # the rank that saved it, exactly
+    if case == "alike workers":
+        assert resume(1, 3, 2) > 0  # elastic: every old rank was rank 0's like
+        return
+    for rank, world_size, workers in ((0, 3, 1), (1, 2, 2), (0, 2, 2)):
+        with pytest.raises(pqloader.StateMismatchError, match="restores that rank alone"):
+            resume(rank, world_size, workers)
