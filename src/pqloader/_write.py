@@ -17,7 +17,12 @@ from ._errors import DataError, InvalidArgumentError, check_positive
 from ._inputs import as_batches, conform
 from ._manifest import INCOMPLETE, write_manifest
 
-FILE_PATTERN = "part-{:05d}.parquet"
+
+def file_name(index: int) -> str:
+    """``part-00000.parquet``..., in the input's order when sorted by name, as datasets are
+    read: past 99,999 files a "z" for each digit more (``part-10000`` sorted after
+    ``part-100000`` and before ``part-10001``, found in review)."""
+    return f"part-{'z' * max(0, len(str(index)) - 5)}{index:05d}.parquet"
 _MARKER_TEXT = ("pqloader.write_dataset is writing this folder, or failed or was stopped while "
                 "it did: its files are not the whole dataset. pqloader refuses to open the "
                 "folder while this file is here.\n")
@@ -41,7 +46,7 @@ class _ShardWriter:
 
     def open(self) -> None:
         if self._writer is None:
-            name = FILE_PATTERN.format(len(self.paths))
+            name = file_name(len(self.paths))
             self._tmp = self.root / f".{name}.tmp-{uuid.uuid4().hex}"
             try:
                 # Page CRCs cost nothing to write and let readers detect corrupt pages
@@ -56,7 +61,7 @@ class _ShardWriter:
         if self._writer is None or self._tmp is None:
             return
         self._writer.close()
-        final = self.root / FILE_PATTERN.format(len(self.paths))
+        final = self.root / file_name(len(self.paths))
         os.replace(self._tmp, final)
         self.paths.append(str(final))
         self._writer, self._tmp, self.rows_in_file = None, None, 0

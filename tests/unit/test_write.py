@@ -759,3 +759,12 @@ def test_a_partition_folder_write_dataset_did_not_finish_refuses_its_root(
         with pytest.raises(pqloader.CorruptFileError, match=r"split=b: write_dataset did not"):
             pqloader.ParquetDataset(source)
     assert len(pqloader.ParquetDataset(tmp_path / "split=a")) == 10
+
+
+def test_file_names_sort_in_the_order_written_past_99999_files() -> None:
+    from pqloader._write import file_name
+
+    indices = [0, 1, 99_999, 100_000, 100_001, 999_999, 1_000_000, 12_345_678]
+    names = [file_name(i) for i in indices]
+    assert names[:2] == ["part-00000.parquet", "part-00001.parquet"]
+    assert sorted(names) == names and len(set(names)) == len(names)
