@@ -23,6 +23,8 @@ def file_name(index: int) -> str:
     read: past 99,999 files a "z" for each digit more (``part-10000`` sorted after
     ``part-100000`` and before ``part-10001``, found in review)."""
     return f"part-{'z' * max(0, len(str(index)) - 5)}{index:05d}.parquet"
+
+
 _MARKER_TEXT = ("pqloader.write_dataset is writing this folder, or failed or was stopped while "
                 "it did: its files are not the whole dataset. pqloader refuses to open the "
                 "folder while this file is here.\n")
