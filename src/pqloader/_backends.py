@@ -11,6 +11,7 @@ gets through).
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 _AZURE = ("az", "abfs", "abfss")
@@ -77,3 +78,49 @@ def _azure_retries(fs: Any, retries: int) -> None:
     policy = getattr(getattr(client, "_config", None), "retry_policy", None)
     if policy is not None and hasattr(policy, "total_retries"):
         policy.total_retries = max(0, retries - 1)
+
+
+def if_match(fs: Any, path: str, start: int, end: int,
+             version: str | None) -> Callable[[], bytes] | None:
+    """A read of ``path``'s bytes ``start:end`` that the server refuses (412) unless the object
+    is still ``version`` (its strong ETag), where ``fs`` can ask: fsspec's HTTP and s3fs. Else
+    ``None``: a plain read (an object replaced while a dataset is open is then read as it is
+    now, decoded with the footer of before, mixed with the cached bytes of before)."""
+    etag = _strong_etag(version)
+    if etag is None:
+        return None
+    kind = f"{type(fs).__module__}.{type(fs).__name__}"
+    if kind == "fsspec.implementations.http.HTTPFileSystem":
+        headers = {**(fs.kwargs.get("headers") or {}), "If-Match": etag}
+        return lambda: bytes(fs.cat_file(path, start=start, end=end, headers=headers))
+    if kind == "s3fs.core.S3FileSystem":
+        return lambda: _s3_if_match(fs, path, start, end, etag)
+    return None
+
+
+def _strong_etag(version: str | None) -> str | None:
+    """The ETag of a version (``_fs._object_info``'s), if strong: a weak one (``W/"..."``)
+    never matches an If-Match."""
+    if not version or not version.lower().startswith("etag="):
+        return None
+    etag = version[5:].rsplit(";size=", 1)[0]
+    return etag if etag.startswith('"') and etag.endswith('"') and len(etag) > 2 else None
+
+
+def _s3_if_match(fs: Any, path: str, start: int, end: int, etag: str) -> bytes:
+    """s3fs's ranged ``get_object`` (its ``cat_file`` takes no If-Match), on its event loop."""
+    from fsspec.asyn import sync
+
+    bucket, key, version_id = fs.split_path(path)
+
+    async def get() -> bytes:
+        extra = {"VersionId": version_id} if version_id else {}
+        response = await fs._call_s3("get_object", Bucket=bucket, Key=key, IfMatch=etag,
+                                     Range=f"bytes={start}-{end - 1}", **extra)
+        try:
+            return bytes(await response["Body"].read())
+        finally:
+            response["Body"].close()
+
+    data: bytes = sync(fs.loop, get)
+    return data

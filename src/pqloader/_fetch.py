@@ -20,7 +20,7 @@ def cached_ranges(store: Store, cache: Cache | None, path: str, version: str | N
     by another process, or a cache smaller than it), the pieces are joined instead.
     """
     if cache is None or version is None:  # no version (no ETag, no mtime): never stale
-        return dict(store.read_ranges(path, ranges))
+        return dict(store.read_ranges(path, ranges, version))
     url = store.url(path)
     found: dict[Range, Buffer] = {}
     missing = []
@@ -35,7 +35,7 @@ def cached_ranges(store: Store, cache: Cache | None, path: str, version: str | N
         else:
             found[r] = data
     store.stats.add(cache_hits=len(found), cache_misses=len(missing))
-    for r, pieces in store.read_pieces(path, missing).items():
+    for r, pieces in store.read_pieces(path, missing, version).items():
         written: Buffer | None = None
         if cache.put(url, version, *r, pieces):
             try:

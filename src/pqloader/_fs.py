@@ -25,11 +25,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._arrowfs import ArrowFs, is_arrow_fs
-from ._backends import own_retries, set_retries
+from ._backends import if_match, own_retries, set_retries
 from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
 from ._iostats import IOStats
 from ._ranges import Range, coalesce, cut
-from ._retry import Limiter, RangeIgnored, RetryPolicy, ShortRead, classify, with_timeout
+from ._retry import (
+    Limiter,
+    RangeIgnored,
+    RetryPolicy,
+    ShortRead,
+    classify,
+    status_of,
+    with_timeout,
+)
 from ._signed import is_signed
 
 # Extras that provide each protocol, for the install hint when one is missing.
@@ -196,29 +204,35 @@ class Store:
         return bool(self._call(lambda: self.fs.exists(path), path))
 
     # reading
-    def read_ranges(self, path: str, ranges: Sequence[Range]) -> dict[Range, bytes]:
-        """The bytes of each range (coalesced, parallel, retried): ``{(offset, length): data}``."""
+    def read_ranges(self, path: str, ranges: Sequence[Range],
+                    version: str | None = None) -> dict[Range, bytes]:
+        """The bytes of each range (coalesced, parallel, retried): ``{(offset, length): data}``.
+        ``version``: the object's when the dataset opened; where the server can tell, a read
+        of another version fails, the object changed."""
         return {r: b"".join(parts) if len(parts) != 1 else parts[0]
-                for r, parts in self.read_pieces(path, ranges).items()}
+                for r, parts in self.read_pieces(path, ranges, version).items()}
 
-    def read_pieces(self, path: str, ranges: Sequence[Range]) -> dict[Range, list[bytes]]:
+    def read_pieces(self, path: str, ranges: Sequence[Range],
+                    version: str | None = None) -> dict[Range, list[bytes]]:
         """Like :meth:`read_ranges`, but each range as the consecutive pieces it was fetched
         in, not joined: a caller that writes them out saves a copy."""
         if not ranges:
             return {}
         pieces = coalesce(ranges, self.retry.hole_bytes, self.retry.part_bytes)
         pool = self._executor()
-        futures = {p: pool.submit(self._get, path, p) for p in pieces}
+        futures = {p: pool.submit(self._get, path, p, version) for p in pieces}
         fetched = {p: f.result() for p, f in futures.items()}
         return {r: cut(fetched, r) for r in ranges}
 
     def read(self, path: str, offset: int, length: int) -> bytes:
         return self.read_ranges(path, [(offset, length)])[(offset, length)]
 
-    def _get(self, path: str, piece: Range) -> bytes:
+    def _get(self, path: str, piece: Range, version: str | None = None) -> bytes:
         off, n = piece
-        data: bytes = self._call(lambda: self.fs.cat_file(path, start=off, end=off + n), path,
-                                 expect=n, count=True)
+        fs = self.fs
+        get = if_match(fs, path, off, off + n, version) or (
+            lambda: fs.cat_file(path, start=off, end=off + n))
+        data: bytes = self._call(get, path, expect=n, count=True)
         return data
 
     def _call(self, fn: Callable[[], Any], path: str, *, expect: int | None = None,
@@ -262,6 +276,10 @@ class Store:
 
 
 def _remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exception:
+    if status_of(exc) == 412:  # If-Match: another version than the dataset opened
+        return RemoteIOError(
+            f"{url}: the object was replaced since the dataset was opened (the server has "
+            "another version: 412 Precondition Failed); open the dataset again")
     if isinstance(exc, FileNotFoundError) and kind == "fatal":  # not a 503 in disguise
         return DatasetNotFoundError(f"{url}: no such object ({exc})")
     if isinstance(exc, PermissionError) and kind == "fatal":

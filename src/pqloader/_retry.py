@@ -70,7 +70,7 @@ def classify(exc: BaseException) -> str:
     if any(_cut_short(e) for e in _chain(exc)):  # before the status: aiohttp's say 400
         return "transient"
     # The status first: fsspec's HTTP info() raises FileNotFoundError from a 503 or a 429.
-    status = _status(exc)
+    status = status_of(exc)
     if status is None and isinstance(exc, (
             FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
             InvalidArgumentError, RangeIgnored)):
@@ -112,7 +112,7 @@ def _cut_short(e: BaseException) -> bool:
     return any(c.__name__ in _CUT_SHORT for c in type(e).__mro__)
 
 
-def _status(exc: BaseException) -> int | None:
+def status_of(exc: BaseException) -> int | None:
     """The HTTP status in an exception chain: aiohttp's ``status``, azure-core's
     ``status_code``, botocore's response. Not the ``code`` of aiohttp's errors parsing a
     response (``HttpProcessingError``): 400 for a body cut short, which is no reply of the

@@ -4,6 +4,7 @@ nginx that throttles (503 SlowDown) and drops connections. Each test checks the 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from collections.abc import Callable
@@ -180,6 +181,49 @@ def test_http_one_file_under_two_urls_is_refused(
     with pytest.raises(pqloader.InvalidArgumentError, match="twice") as caught:
         pqloader.ParquetDataset([signed + "aaa", signed + "bbb"])
     assert "aaa" not in str(caught.value) and "bbb" not in str(caught.value)
+
+
+def _replace_while_open(path: Path, upload: Callable[[], str],
+                        open_: Callable[[str], pqloader.ParquetDataset]) -> None:
+    """A file replaced (same size and layout, other values) after its dataset opened, and
+    after one of its row groups was read: the others were read from the new object with the
+    old footer, mixed with the old one's cached row group, silently (found in review)."""
+    table = pa.table({"id": np.arange(400), "v": np.arange(400)})
+    pq.write_table(table, path, row_group_size=100, compression="none", use_dictionary=False)
+    ds = open_(upload())
+    assert ds[0] == {"id": 0, "v": 0}  # one row group read (and cached)
+    pq.write_table(table.set_column(1, "v", pa.array(np.arange(400) + 10**6)), path,
+                   row_group_size=100, compression="none", use_dictionary=False)
+    later = path.stat().st_mtime + 10  # nginx's ETag is the mtime's second and the size
+    os.utime(path, (later, later))
+    upload()
+    with pytest.raises(pqloader.RemoteIOError, match="replaced since the dataset was opened"):
+        list(pqloader.DataLoader(ds, batch_size=100, shuffle=False))
+    fresh = open_(upload())  # opened again: the new values
+    assert [r["v"] for r in fresh.__getitems__([0, 399])] == [10**6, 10**6 + 399]
+
+
+def test_s3_an_object_replaced_while_open_is_refused_not_mixed(
+        s3_server: object, tmp_path: Path) -> None:
+    bucket = s3_server.create_bucket()  # type: ignore[attr-defined]
+    options = s3_server.storage_options  # type: ignore[attr-defined]
+    (tmp_path / "d").mkdir()
+
+    def upload() -> str:
+        s3_server.client().upload_file(str(tmp_path / "d" / "a.parquet"), bucket,  # type: ignore[attr-defined]
+                                       "ds/a.parquet")
+        return f"s3://{bucket}/ds/"
+
+    _replace_while_open(tmp_path / "d" / "a.parquet", upload, lambda url: pqloader.ParquetDataset(
+        url, storage_options=options, cache=pqloader.Cache(tmp_path / "cache")))
+
+
+def test_http_an_object_replaced_while_open_is_refused_not_mixed(
+        http_server: Callable[[Path], str], tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    base = http_server(tmp_path / "d")
+    _replace_while_open(tmp_path / "d" / "a.parquet", lambda: f"{base}/a.parquet",
+                        lambda url: pqloader.ParquetDataset(url))
 
 
 def test_s3_warm_open_is_one_listing(s3_proxy: Callable[..., object], tmp_path: Path) -> None:
