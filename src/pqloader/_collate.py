@@ -1,8 +1,9 @@
 """Arrow columns to torch, without a per-row Python loop.
 
-numeric (and bool, temporal as int) -> ``Tensor[B]``; ``list<number>`` -> padded ``Tensor[B, L]``
-plus ``{name}_lengths``; ``fixed_size_list<number>`` -> ``Tensor[B, L]``; string -> ``list[str]``;
-binary -> ``list[bytes]``. Anything else needs ``collate_fn=``.
+numeric (and bool, temporal as int, unsigned 16-64 bit as the next signed) -> ``Tensor[B]``;
+``list<number>`` -> padded ``Tensor[B, L]`` plus ``{name}_lengths``; ``fixed_size_list<number>``
+-> ``Tensor[B, L]``; string -> ``list[str]``; binary -> ``list[bytes]``. Anything else needs
+``collate_fn=``.
 """
 
 from __future__ import annotations
@@ -80,7 +81,29 @@ def _numeric(array: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
         array = pc.fill_null(array, pa.scalar(float("nan"), t))
     if pa.types.is_temporal(t):
         array = pc.cast(array, pa.int64() if t.bit_width == 64 else pa.int32())
-    return array
+    return _signed(array, name)
+
+
+# torch's uint16, uint32 and uint64 tensors support few operations (no +, max, loss targets or
+# embedding indices): those columns come as the next signed type that holds their values
+_WIDER = {pa.uint16(): pa.int32(), pa.uint32(): pa.int64(), pa.uint64(): pa.int64()}
+
+
+def _signed(array: Any, name: str) -> Any:
+    """An unsigned column (or the values of a list column) as signed ints holding its values;
+    a ``uint64`` value past int64's range is a DataError naming the column."""
+    t = array.type
+    value_type = t.value_type if pa.types.is_fixed_size_list(t) else t
+    wider = _WIDER.get(value_type)
+    if wider is None:
+        return array
+    target = pa.list_(wider, t.list_size) if pa.types.is_fixed_size_list(t) else wider
+    try:
+        return pc.cast(array, target)  # safe: refuses a value it cannot hold
+    except pa.ArrowInvalid as exc:
+        raise DataError(f"column {name!r} ({t}) has values past int64's range, which no torch "
+                        "tensor holds usefully (torch's uint64 supports few operations); pass "
+                        "collate_fn= to convert them yourself") from exc
 
 
 def _as_numpy(array: pa.Array) -> np.ndarray:
@@ -155,7 +178,7 @@ def prepare(
         array = pa.chunked_array([c.dictionary_decode() for c in array.chunks],
                                  array.type.value_type)
     if kind == "fixed_list":
-        array = _fixed_list(array, name)
+        array = _signed(_fixed_list(array, name), name)
     if order is not None:
         array = pc.take(array, order, boundscheck=False)
     combined = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
@@ -193,7 +216,7 @@ class Ragged:
         if inside.null_count and not pa.types.is_floating(inside.type):
             # under null lists (never emitted: length 0)
             inside = pc.fill_null(inside, pa.scalar(0).cast(inside.type))
-        values = inside.to_numpy(zero_copy_only=False)
+        values = _signed(inside, name).to_numpy(zero_copy_only=False)
         starts = offsets[:-1] - first
         rows = np.arange(len(array), dtype=np.int64) if order is None else order.astype(np.int64)
         return cls(values, starts, lengths.astype(np.int64), rows)

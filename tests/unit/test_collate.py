@@ -225,3 +225,28 @@ def test_ranks_of_one_row_group_get_the_same_list_dtype(tmp_path: Path) -> None:
     assert batch["v"].tolist() == [[i, i + 1] for i in batch["id"].tolist()]
     with pytest.raises(pqloader.DataError, match=r"'v'.*null values inside"):
         next(iter(pqloader.DataLoader(ds, batch_size=5, rank=1, world_size=2)))
+
+
+def test_unsigned_columns_come_as_signed_tensors_torch_can_use(tmp_path: Path) -> None:
+    """uint16 token ids, uint32 labels: torch's uint16/32/64 tensors have no +, max, loss
+    target or embedding lookup. They come as the next signed type, values kept."""
+    table = pa.table({
+        "label": pa.array([1, 2, 2**32 - 1], pa.uint32()),
+        "big": pa.array([0, 2**63 - 1, 5], pa.uint64()),
+        "small": pa.array([0, 255, 7], pa.uint8()),  # torch's uint8 is a full type: kept
+        "tokens": pa.array([[5, 65535], [7], []], pa.list_(pa.uint16())),
+        "pair": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.uint32(), 2)),
+    })
+    pq.write_table(table, tmp_path / "a.parquet")
+    (batch,) = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=3)
+    assert {k: v.dtype for k, v in batch.items()} == {
+        "label": torch.int64, "big": torch.int64, "small": torch.uint8, "tokens": torch.int32,
+        "tokens_lengths": torch.int64, "pair": torch.int64}
+    assert batch["label"].tolist() == [1, 2, 2**32 - 1]
+    assert batch["big"].tolist() == [0, 2**63 - 1, 5]
+    assert batch["tokens"].tolist() == [[5, 65535], [7, 0], [0, 0]]
+    assert int(batch["label"].max()) == 2**32 - 1 and batch["pair"].sum() == 21
+    assert torch.nn.Embedding(65536, 2)(batch["tokens"]).shape == (3, 2, 2)
+    pq.write_table(pa.table({"big": pa.array([2**64 - 1], pa.uint64())}), tmp_path / "b.parquet")
+    with pytest.raises(pqloader.DataError, match=r"column 'big' \(uint64\) has values past"):
+        list(pqloader.DataLoader(pqloader.ParquetDataset(tmp_path / "b.parquet"), batch_size=1))
