@@ -6,9 +6,11 @@ import math
 import pickle
 from typing import Any
 
+import pyarrow as pa
 import torch
 
 _ALIGN = 64  # bytes: every packed tensor starts on a cache line
+_SMALL = 8  # a tensor under 1/8 of its batch's buffer is small (cloned, if all are together)
 
 
 Layout = list[tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...], int]]
@@ -17,9 +19,15 @@ Layout = list[tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...], int]]
 def _unpack(flat: torch.Tensor, layout: Layout, rest: bytes, order: list[str] | None = None
             ) -> dict[str, Any]:
     batch: dict[str, Any] = pickle.loads(rest)
-    for name, dtype, shape, stride, offset in layout:
-        size = math.prod(shape) * dtype.itemsize
-        batch[name] = flat[offset:offset + size].view(dtype).as_strided(shape, stride)
+    sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape, _, _ in layout]
+    # Small tensors beside a large one (labels beside images) get their own memory: as views,
+    # keeping a batch's labels kept its images too (2,048x in review). Not when the small
+    # ones are most of the batch (33 columns of W1): that would copy it all once more.
+    small = _SMALL * sum(size for size in sizes if _SMALL * size < flat.numel()) \
+        < flat.numel()
+    for (name, dtype, shape, stride, offset), size in zip(layout, sizes, strict=True):
+        view = flat[offset:offset + size].view(dtype).as_strided(shape, stride)
+        batch[name] = view.clone() if small and _SMALL * size < flat.numel() else view
     if order is not None:  # the worker's key order (its tensors were set last here)
         batch = {k: batch[k] for k in order}
     return batch
@@ -85,7 +93,7 @@ class PackedBatch:
     def __init__(self, batch: dict[str, Any]) -> None:
         tensors = {k: v if _dense(v) else v.contiguous()
                    for k, v in batch.items() if _packable(v)}
-        self.rest = _pickled({k: v for k, v in batch.items() if k not in tensors})
+        self.rest = _pickled({k: trim(v) for k, v in batch.items() if k not in tensors})
         self.layout: Layout = []
         offset = 0
         for name, t in tensors.items():
@@ -110,6 +118,8 @@ def compact(batch: Any) -> Any:
     or tuple of tensors is compacted item by item and rebuilt as its own type (a namedtuple
     takes its items as arguments, not one iterable).
     """
+    if isinstance(batch, _ARROW):  # collate_fn's Arrow batch: known to pickle
+        return trim(batch)
     if type(batch) is dict and any(_packable(v) for v in batch.values()):
         return PackedBatch(batch)  # (a dict subclass goes as itself, its type kept)
     if _packable(batch):
@@ -119,9 +129,29 @@ def compact(batch: Any) -> Any:
     if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
         items = [compact(v) for v in batch]
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    if type(batch) is dict:
+        batch = {k: trim(v) for k, v in batch.items()}
     values = batch.values() if isinstance(batch, dict) else \
         batch if isinstance(batch, (list, tuple)) else ()
     if not any(_packable(v) for v in values):  # cheap to pickle twice: no tensor to copy
         # what does not pickle: a TypeError here, naming the key, not a hang
         _pickled(batch if type(batch) is dict else {type(batch).__name__: batch})
     return batch
+
+
+_ARROW = (pa.RecordBatch, pa.Table, pa.Array, pa.ChunkedArray)
+
+
+def trim(value: Any) -> Any:
+    """An Arrow value holding only its own bytes: a batch is a slice of its shuffle window,
+    and pickled, a slice ships the buffers it views whole (8.6 MB for a 44 KB batch: the
+    process workers ran 17x slower, found in review). Anything else as it is."""
+    if not isinstance(value, _ARROW) or value.get_total_buffer_size() <= 2 * value.nbytes:
+        return value
+    if isinstance(value, pa.Array):
+        return pa.concat_arrays([value])  # a copy of the slice alone
+    if isinstance(value, pa.ChunkedArray):
+        return pa.chunked_array([trim(c) for c in value.chunks], value.type)
+    if isinstance(value, pa.RecordBatch):
+        return pa.RecordBatch.from_arrays([trim(c) for c in value.columns], schema=value.schema)
+    return pa.Table.from_batches([trim(b) for b in value.to_batches()], schema=value.schema)
