@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -155,6 +156,17 @@ def test_write_parquet_round_trip(make_dataset, tmp_path, capsys) -> None:
     assert out == f"wrote 3 files, 1,000 rows to {dst}\n"
     assert pqloader.ParquetDataset(dst).schema.equals(pqloader.ParquetDataset(src).schema)
     assert all_rows(dst) == all_rows(src)
+
+
+def test_write_parquet_keeps_the_rows_in_order(tmp_path, capsys) -> None:
+    """Read through pqloader.DataLoader's two workers, blocks of 65,536 rows came out swapped."""
+    (tmp_path / "src").mkdir()
+    pq.write_table(pa.table({"x": np.arange(200_000)}), tmp_path / "src" / "a.parquet",
+                   row_group_size=9000)
+    code, _, err = run(capsys, "write", tmp_path / "src", tmp_path / "out", "--no-progress")
+    assert code == 0, err
+    assert np.array_equal(pq.read_table(tmp_path / "out").column("x").to_numpy(),
+                          np.arange(200_000))
 
 
 def test_write_parquet_keeps_hive_partition_columns(tmp_path, capsys) -> None:
