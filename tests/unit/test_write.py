@@ -694,6 +694,23 @@ def test_floats_are_rounded_only_into_a_type_schema_asks_for(tmp_path: Path,
                            schema=pa.schema({"x": first.type}))  # asked for: rounded
 
 
+@pytest.mark.parametrize(("first", "later"), [
+    (pa.array([1.5]), pa.array([40, 52])),  # ints into doubles (a column with NaN, in pandas)
+    (pa.array([1.5], pa.float32()), pa.nulls(2)),  # a batch of None only
+    (pa.array([[1.5]]), pa.array([[2]])),
+    (pa.array([{"a": 1.5}]), pa.array([{"a": 2}])),
+    (pa.array([{"a": 1, "b": 0.5}]), pa.array([{"a": 2}])),  # a field the later one lacks
+])
+def test_later_batches_of_ints_nulls_and_fewer_fields_go_into_floats(
+        tmp_path: Path, first: pa.Array, later: pa.Array) -> None:
+    """The check that floats keep their values refused these (its float leaves of the two
+    types did not line up), which were written as they should be before (found in review)."""
+    pqloader.write_dataset([pa.record_batch({"x": first}), pa.record_batch({"x": later})],
+                           tmp_path / "a")
+    assert pq.read_table(tmp_path / "a").column("x").to_pylist()[1:] == \
+        later.cast(first.type).to_pylist()
+
+
 def test_casts_within_a_kind_keep_their_values(tmp_path: Path) -> None:
     day = 86_400
     table = pa.table({"i": pa.array([1, 2], pa.int32()), "f": [1.5, 2.0], "g": [1.0, 3.0],
