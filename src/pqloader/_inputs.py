@@ -69,13 +69,14 @@ def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.Re
             except (ValueError, TypeError, OverflowError, pa.ArrowNotImplementedError) as exc:
                 raise _pandas_error(chunk, exc, where) from exc
             for name, field in guessed:
-                values = chunk[name].tolist()
+                column = chunk[name]  # NaN, NaT and pd.NA: pandas' missing values, null here
+                values = column.where(column.notna(), None).tolist()
                 if not guess_kept(values, table.column(field)):
                     raise DataError(
                         f"{where}, column {name!r}: pyarrow would write its values "
                         f"({_kinds(values)}) as {table.column(field).type}, changing some; make "
-                        "them one kind that it keeps (e.g. df[col] = pd.to_datetime(df[col])), "
-                        "or write a pyarrow Table with an explicit schema")
+                        "them one kind that it keeps (e.g. df[col] = pd.to_datetime(df[col]) for "
+                        "dates and times), or write a pyarrow Table with an explicit schema")
             yield from table.to_batches()
 
     return schema, gen()

@@ -312,6 +312,18 @@ def test_pandas_object_columns_pyarrow_would_guess_into_other_values_are_refused
     assert pq.read_table(root).column("a").to_pylist() == [first] * 3
 
 
+@pytest.mark.parametrize("missing", [float("nan"), pd.NaT, pd.NA, None])
+@pytest.mark.parametrize("value", [datetime.date(2024, 1, 1),
+                                   datetime.datetime(2024, 1, 1, 12), b"x"])
+def test_pandas_object_columns_with_missing_values_are_written_with_nulls(
+        tmp_path: Path, missing: Any, value: Any) -> None:
+    """An outer merge leaves NaN in an object column of dates: pandas' missing values were
+    taken for values of another kind, and the frame refused (found in review)."""
+    frame = pd.DataFrame({"a": pd.Series([value, missing, value], dtype=object)})
+    pqloader.write_dataset(frame, tmp_path / "out")
+    assert pq.read_table(tmp_path / "out").column("a").to_pylist() == [value, None, value]
+
+
 @pytest.mark.parametrize("value", [
     pytest.param(pd.Timestamp("2024-01-01 00:00:05.000000001"), id="timestamp-nanoseconds"),
     pytest.param(datetime.time(12, tzinfo=_PARIS), id="aware-time"),
