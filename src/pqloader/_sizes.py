@@ -106,7 +106,6 @@ def has_values(chunk: pq.ColumnChunkMetaData) -> bool:
     return bool(stats.null_count < chunk.num_values)
 
 
-
 def has_bytes(t: pa.DataType) -> bool:
     """A string or binary type, or one that holds some in its lists, structs or maps."""
     return holds(t, is_flat_bytes)
