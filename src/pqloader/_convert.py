@@ -104,6 +104,9 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
                              f"has {schema.names}", code=2)
     if not len(schema):  # JSON Lines of {}: rows of no column
         raise CommandFailure(f"{source} holds no column: nothing to write")
+    if twice := sorted({n for n in schema.names if schema.names.count(n) > 1}):
+        raise CommandFailure(f"{source}: its header names {twice} twice; rename them (a "
+                             "dataset's columns are read by name)")
     if first is None:  # a header alone: an empty dataset of its columns, typed null
         return schema, iter(()), [source]
     if problem := guess_problem(schema, types, source):

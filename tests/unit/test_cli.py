@@ -720,6 +720,15 @@ def test_write_refuses_leading_zeros_an_integer_would_drop(tmp_path: Path, capsy
     assert code == 0 and all_rows(tmp_path / "n")[1]["zip"] == 1234  # asked for
 
 
+def test_write_refuses_a_csv_header_naming_a_column_twice(tmp_path: Path, capsys) -> None:
+    """It failed with a KeyError's traceback."""
+    src = tmp_path / "dup.csv"
+    src.write_text("a,b,a\n1,2,3\n")
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1 and "its header names ['a'] twice" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_write_refuses_leading_zeros_past_the_first_block(tmp_path: Path, capsys,
                                                           monkeypatch) -> None:
     """The first block (16 MiB) was checked alone: a zip code "01234" first met past it was
