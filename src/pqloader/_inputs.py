@@ -42,6 +42,13 @@ def _pandas_error(df: Any, exc: Exception, where: str) -> DataError:
 
 
 def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    # Column names that are not str (pd.DataFrame(array) names them 0, 1, ...): the schema
+    # names them as str, and each chunk's columns must be named so for pyarrow to find them
+    names = [str(n) for n in df.columns]
+    renamed = any(not isinstance(n, str) for n in df.columns)
+    if renamed and len(set(names)) != len(names):
+        raise DataError(f"the DataFrame's column names {list(df.columns)} are the same once "
+                        "written as text (Parquet names are text); rename them apart")
     # A named index level (df.set_index("user_id"), a MultiIndex's named levels) is data:
     # it becomes a column. An unnamed one (what df[df.x > 0] leaves) is a position, not
     # data: pandas' to_parquet would write it as "__index_level_0__", a column in every
@@ -54,32 +61,65 @@ def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.Re
     # and the named index; it reads files whose metadata names the unnamed level left out
     schema = pa.schema([f for f in schema if not _UNNAMED_INDEX.fullmatch(f.name)],
                        metadata=schema.metadata)
-    # object columns of Python values whose kinds pyarrow's guess may change (dates beside
-    # datetimes, naive beside aware, bytes beside str): checked as rows of dicts are
-    guessed = [(n, str(n)) for n in df.columns if df[n].dtype == object and str(n) in
-               schema.names and holds(schema.field(str(n)).type, _is_guessed)] \
-        if df.columns.is_unique else []
+    # Python values of kinds pyarrow's guess may change (dates beside datetimes, naive beside
+    # aware, bytes beside str), in object columns, categories or named index levels: checked
+    # as rows of dicts are
+    guessed = [(source, name) for name, source in _untyped(df).items()
+               if name in schema.names and holds(schema.field(name).type, _is_guessed)]
 
     def gen() -> Iterator[pa.RecordBatch]:
         for start in range(0, len(df), chunk_rows):
             chunk = df.iloc[start:start + chunk_rows]
+            if renamed:
+                chunk.columns = names  # (iloc made a new frame: df keeps its names)
             where = f"DataFrame rows {start}..{start + len(chunk) - 1}"
             try:
                 table = pa.Table.from_pandas(chunk, schema=schema, preserve_index=True)
             except (ValueError, TypeError, OverflowError, pa.ArrowNotImplementedError) as exc:
                 raise _pandas_error(chunk, exc, where) from exc
-            for name, field in guessed:
-                column = chunk[name]  # NaN, NaT and pd.NA: pandas' missing values, null here
-                values = column.where(column.notna(), None).tolist()
-                if not guess_kept(values, table.column(field)):
+            for source, name in guessed:
+                values = _python_values(chunk, source)
+                if not guess_kept(values, table.column(name)):
+                    what = "column" if source[0] == "column" else "index level"
                     raise DataError(
-                        f"{where}, column {name!r}: pyarrow would write its values "
-                        f"({_kinds(values)}) as {table.column(field).type}, changing some; make "
-                        "them one kind that it keeps (e.g. df[col] = pd.to_datetime(df[col]) for "
-                        "dates and times), or write a pyarrow Table with an explicit schema")
+                        f"{where}, {what} {name!r}: pyarrow would write its values "
+                        f"({_kinds(values)}) as {table.column(name).type}, changing some; "
+                        "make them one kind that it keeps (e.g. df[col] = "
+                        "pd.to_datetime(df[col]) for dates and times), or write a pyarrow "
+                        "Table with an explicit schema")
             yield from table.to_batches()
 
     return schema, gen()
+
+
+def _untyped(df: Any) -> dict[str, tuple[str, int]]:
+    """The columns and named index levels of ``df`` that hold Python objects (object dtype,
+    or a categorical's object categories), by name: ``("column", i)`` or ``("index", i)``."""
+    def untyped(dtype: Any) -> bool:
+        if getattr(dtype, "name", None) == "category":
+            return str(dtype.categories.dtype) == "object"
+        return str(dtype) == "object"
+
+    found: dict[str, tuple[str, int]] = {}
+    if df.columns.is_unique:
+        for i, dtype in enumerate(df.dtypes):
+            if untyped(dtype):
+                found[str(df.columns[i])] = ("column", i)
+    for i, name in enumerate(df.index.names):
+        if name is not None and str(name) not in found \
+                and untyped(df.index.get_level_values(i).dtype):
+            found[str(name)] = ("index", i)
+    return found
+
+
+def _python_values(chunk: Any, source: tuple[str, int]) -> list[Any]:
+    """The values of a column or index level (``source``) as Python objects, pandas'
+    missing values (NaN, NaT, pd.NA) as None."""
+    kind, i = source
+    values = chunk.iloc[:, i] if kind == "column" \
+        else chunk.index.get_level_values(i).to_series()
+    values = values.astype(object)  # a categorical's values, not its codes
+    return list(values.where(values.notna(), None).tolist())
 
 
 def _check_keys(chunk: list[Any], names: frozenset[str], first_row: int,
@@ -139,7 +179,8 @@ def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
             if done == 0 and inferred_head is not None:
                 yield from inferred_head.to_batches()
             else:
-                yield from _convert(chunk, schema, done, source).to_batches()
+                yield from _convert(chunk, schema, done, source,
+                                    asked=given is not None).to_batches()
             done += len(chunk)
             chunk = list(itertools.islice(rows, chunk_rows))
 
@@ -147,9 +188,11 @@ def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
 
 
 def _convert(chunk: list[dict[str, Any]], schema: pa.Schema, done: int,
-             source: str) -> pa.Table:
+             source: str, *, asked: bool) -> pa.Table:
     """Rows ``done ..`` as ``schema``'s types, or the DataError naming the column that does
-    not fit them (``source``: where those types came from, and what to do)."""
+    not fit them (``source``: where those types came from, and what to do). ``asked``:
+    ``schema`` was given (``schema=``), and floats are rounded into it, as :func:`conform`
+    does; the first rows' types take them only as they are."""
     try:  # every column inferred at once; one that fails is found and named below
         inferred = pa.Table.from_struct_array(pa.array(chunk))
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
@@ -157,7 +200,7 @@ def _convert(chunk: list[dict[str, Any]], schema: pa.Schema, done: int,
     columns = []
     for field in schema:
         try:
-            columns.append(_column(chunk, field, inferred))
+            columns.append(_column(chunk, field, inferred, asked=asked))
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
                 OverflowError) as exc:
             raise DataError(
@@ -169,7 +212,7 @@ def _convert(chunk: list[dict[str, Any]], schema: pa.Schema, done: int,
 
 
 def _column(chunk: list[dict[str, Any]], field: pa.Field,
-            inferred: pa.Table | None) -> pa.ChunkedArray | pa.Array:
+            inferred: pa.Table | None, *, asked: bool) -> pa.ChunkedArray | pa.Array:
     """The chunk's values of ``field`` as its type, refused (raised) where one would change."""
     # Given the type, pyarrow converts 2.5 into an int64 column as 2 and drops a struct's keys
     # the type lacks, silently: the values are inferred, then changed only within their kind
@@ -192,9 +235,10 @@ def _column(chunk: list[dict[str, Any]], field: pa.Field,
         if not pa.types.is_null(column.type):  # only None: any type holds it
             pa.array(values(), type=field.type)
         try:
-            return cast_exactly(column, field.type)
+            return cast_exactly(column, field.type, round_floats=asked)
         except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            pass  # (int64 as decimal128(10, 2): Arrow wants 21 digits) the values, compared:
+            pass  # (int64 as decimal128(10, 2): Arrow wants 21 digits; a double the first
+            # rows' float32 would round) the values, compared:
     typed = pa.array(values(), type=field.type)
     if not same_values(values(), typed.to_pylist(), field.type):
         kind = "values" if column is None else f"{column.type} values"

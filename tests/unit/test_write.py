@@ -312,6 +312,38 @@ def test_pandas_object_columns_pyarrow_would_guess_into_other_values_are_refused
     assert pq.read_table(root).column("a").to_pylist() == [first] * 3
 
 
+@pytest.mark.parametrize(("first", "other", "kinds"), _GUESSES)
+@pytest.mark.parametrize("place", ["index", "multiindex", "categorical"])
+def test_pandas_index_levels_and_categories_pyarrow_would_guess_are_refused(
+        tmp_path: Path, first: Any, other: Any, kinds: str, place: str) -> None:
+    """As object columns are: the same values in a named index level, a MultiIndex's level or
+    a categorical's categories were written changed (found in review)."""
+    values = [first] * 3 + [other]
+    if place == "categorical" and isinstance(other, int):
+        pytest.skip("pandas gives a categorical of timedeltas and ints no object categories")
+    frame = {
+        "index": lambda: pd.DataFrame({"x": range(4)},
+                                      index=pd.Index(values, dtype=object, name="a")),
+        "multiindex": lambda: pd.DataFrame({"x": range(4)}, index=pd.MultiIndex.from_arrays(
+            [range(4), pd.Index(values, dtype=object)], names=["k", "a"])),
+        "categorical": lambda: pd.DataFrame({"a": pd.Categorical(values), "x": range(4)}),
+    }[place]()
+    what = "column" if place == "categorical" else "index level"
+    with pytest.raises(pqloader.DataError, match=rf"rows 2..3, {what} 'a'.*\({kinds}\)"):
+        pqloader.write_dataset(frame, tmp_path / "out", row_group_size=2)
+    pqloader.write_dataset(frame.iloc[:3], tmp_path / "one")  # one kind: as it was
+    assert pq.read_table(tmp_path / "one").column("a").to_pylist() == [first] * 3
+
+
+def test_pandas_column_names_that_are_not_text_are_written_as_text(tmp_path: Path) -> None:
+    """pd.DataFrame(array) names its columns 0, 1, ...: pyarrow's KeyError came out raw."""
+    pqloader.write_dataset(pd.DataFrame(np.arange(6).reshape(3, 2)), tmp_path / "out",
+                           row_group_size=2)
+    assert pq.read_table(tmp_path / "out").to_pydict() == {"0": [0, 2, 4], "1": [1, 3, 5]}
+    with pytest.raises(pqloader.DataError, match=r"\[1, '1'\] are the same once written"):
+        pqloader.write_dataset(pd.DataFrame({1: [1], "1": [2]}), tmp_path / "two")
+
+
 @pytest.mark.parametrize("missing", [float("nan"), pd.NaT, pd.NA, None])
 @pytest.mark.parametrize("value", [datetime.date(2024, 1, 1),
                                    datetime.datetime(2024, 1, 1, 12), b"x"])
@@ -704,6 +736,20 @@ def test_floats_are_rounded_only_into_a_type_schema_asks_for(tmp_path: Path,
     assert back[:2] + back[3:] == [1.5, 0.5, None, 2.0**100] and math.isnan(back[2])
     pqloader.write_dataset(pa.table({"x": later}), tmp_path / "c",
                            schema=pa.schema({"x": first.type}))  # asked for: rounded
+
+
+def test_dict_rows_floats_are_rounded_only_into_a_type_schema_asks_for(tmp_path: Path) -> None:
+    """As record batches are: the first rows' float32 rounded later rows' doubles silently
+    (0.1 as 0.10000000149, 16777217 as 16777216; found in review)."""
+    first = [{"x": np.float32(1.5)}, {"x": np.float32(2.5)}]
+    with pytest.raises(pqloader.DataError, match=r"rows 2..3, column 'x'.*float"):
+        pqloader.write_dataset([*first, {"x": 0.1}, {"x": 16777217.0}], tmp_path / "a",
+                               row_group_size=2)
+    pqloader.write_dataset([*first, {"x": 0.5}, {"x": None}], tmp_path / "b", row_group_size=2)
+    assert pq.read_table(tmp_path / "b").column("x").to_pylist() == [1.5, 2.5, 0.5, None]
+    pqloader.write_dataset([*first, {"x": 0.1}], tmp_path / "c", row_group_size=2,
+                           schema=pa.schema({"x": pa.float32()}))  # asked for: rounded
+    assert pq.read_table(tmp_path / "c").column("x").to_pylist()[2] == pytest.approx(0.1)
 
 
 @pytest.mark.parametrize(("first", "later"), [
