@@ -105,7 +105,7 @@ def _unscaled(md: pq.FileMetaData, measured: dict[str, Sample]) -> set[str]:
         sample = measured.get(chunk.path_in_schema)
         if sample is None or not chunk.has_dictionary_page:
             continue
-        if sample.reference is not None and (stats := chunk.statistics) is not None \
+        if sample.reference and (stats := chunk.statistics) is not None \
                 and stats.has_min_max:
             continue  # scaled by its min and max: the common case, first
         if has_values(chunk):

@@ -568,20 +568,22 @@ def test_each_file_strings_are_scaled_by_their_own_lengths(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("case", ["no statistics", "statistics in the first file only",
-                                  "values over 4 KB"])
+                                  "values over 4 KB", "empty in the first file"])
 @pytest.mark.parametrize("manifest", [False, True])
 def test_strings_without_min_and_max_values_are_measured_in_their_own_files(
         tmp_path: Path, case: str, manifest: bool) -> None:
     """Short names in the first file, long ones in the rest, and no min and max values to scale
     the first file's sample by: written without statistics, or over 4 KB (Arrow leaves those out
-    of them). The others were sized as the first: 40x (600x) too small."""
+    of them), or "" alone there (min and max of length 0). The others were sized as the first:
+    40x (600x, 123x) too small."""
     from pqloader._manifest import write_manifest
 
     rng = np.random.default_rng(0)
     length = 5000 if case == "values over 4 KB" else 800
     stats = case != "no statistics"
-    pq.write_table(pa.table({"s": [f"{i % 20:08d}" for i in range(5000)]}),
-                   tmp_path / "a.parquet", write_statistics=stats)
+    first = [""] * 5000 if case == "empty in the first file" else \
+        [f"{i % 20:08d}" for i in range(5000)]
+    pq.write_table(pa.table({"s": first}), tmp_path / "a.parquet", write_statistics=stats)
     long_names = pa.array([f"{i:0{length}d}" for i in range(20)])
     for k in range(12):  # more than are measured: the rest take the longest measured
         pq.write_table(pa.table({"s": long_names.take(rng.integers(0, 20, 2000 + k))}),
