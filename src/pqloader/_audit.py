@@ -145,9 +145,9 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
     """Check, per epoch, that the recorded deliveries cover every row exactly once.
 
     Counted apart, as the loader documents them: the padding that evens the ranks (at most
-    ``world_size - 1`` rows twice, without ``drop_last``, for each world size the epoch ran in),
-    and the rows ``drop_last`` leaves out (as many as every record file's settings leave out,
-    none delivered twice).
+    ``world_size - 1`` rows twice, without ``drop_last``, for each run of the epoch: its ranks
+    write ``world_size`` record files), and the rows ``drop_last`` leaves out (as many as
+    every record file's settings leave out, none delivered twice).
     """
     files = sorted(Path(directory).glob("rank*.jsonl"))
     if not files:
@@ -158,7 +158,8 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
     counts: dict[int, np.ndarray] = {}
     where: dict[int, list[tuple[str, int, int, np.ndarray]]] = defaultdict(list)
     reports: dict[int, EpochReport] = {}
-    worlds: dict[int, set[int]] = defaultdict(set)  # per epoch: the world sizes it ran in
+    # per epoch: the record files of each world size it ran in (a run's ranks write one each)
+    worlds: dict[int, defaultdict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
     left_out: dict[int, set[int | None]] = defaultdict(set)  # per epoch, per record file
     for path in files:
         lines = _read_records(path)
@@ -176,7 +177,7 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
         for rec in lines[1:]:
             epoch = int(rec["epoch"])
             left_out[epoch].add(_left_out(num_rows, head))
-            worlds[epoch].add(int(head.get("world_size", 1)))
+            worlds[epoch][int(head.get("world_size", 1))].add(path.name)
             rows = decode_rows(rec["rows"])
             count = counts.setdefault(epoch, np.zeros(num_rows, dtype=np.int32))
             np.add.at(count, rows, 1)
@@ -192,7 +193,9 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
         report.duplicates = int((count > 1).sum())
         report.missing = int((count == 0).sum())
         extra = report.delivered - report.num_rows
-        padding = sum(w - 1 for w in worlds[epoch])
+        # each run of the epoch in a world of w ranks (w record files) evens its rows anew:
+        # a world size it came back to counts again (2 -> 3 -> 2: 1 + 2 + 1 rows)
+        padding = sum(-(-len(names) // w) * (w - 1) for w, names in worlds[epoch].items())
         if not report.missing and extra <= padding and report.duplicates == extra:
             # without drop_last, the ranks yield equal batches: at most world_size - 1 rows
             # come twice when the rows do not divide evenly, and none is missing then; an

@@ -89,6 +89,35 @@ def test_the_padding_of_an_epoch_resumed_in_another_world_is_no_duplicate(
     assert report.exactly_once
 
 
+def test_the_padding_of_each_resume_counts_a_world_size_come_back_to_again(
+        make_dataset: Any, tmp_path: Path) -> None:
+    """An epoch run in 2 ranks, resumed in 3, then in 2 again: each run evens its rows anew,
+    1 + 2 + 1 = 4 rows twice, as the loader documents. The audit counted each world size
+    once (1 + 2) and failed the run (found in review)."""
+    ds = pqloader.ParquetDataset(make_dataset(999, rows_per_file=250, row_group_size=37))
+    state: dict[str, Any] | None = None
+    delivered = 0
+    for world_size, batch_size, workers, stop in ((2, 10, 0, 21), (3, 9, 3, 21),
+                                                  (2, 10, 0, None)):
+        states = []
+        for rank in range(world_size):
+            loader = pqloader.DataLoader(ds, batch_size=batch_size, shuffle=True, seed=0,
+                                         num_workers=workers, rank=rank, world_size=world_size,
+                                         shuffle_window_rows=2000, audit_dir=tmp_path)
+            if state is not None:
+                loader.load_state_dict(state)
+            for k, batch in enumerate(loader, 1):
+                delivered += len(batch["id"])
+                if k == stop:
+                    break
+            states.append(loader.state_dict())
+        state = states[0]
+    assert delivered == 999 + 4
+    (report,) = pqloader.audit(tmp_path)
+    assert (report.padding, report.duplicates, report.missing) == (4, 0, 0)
+    assert report.exactly_once
+
+
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_rows_drop_last_leaves_out_are_not_missing(make_dataset: Any, tmp_path: Path,
                                                    world_size: int,
