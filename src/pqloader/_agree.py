@@ -71,6 +71,7 @@ class Agreement:
         self._terms: dict[str, Any] = {}
         self._alike: dict[str, Any] = {}  # settings ranks may differ in (see alike())
         self._known: bool | None = None  # alike()'s answer, once known
+        self.compared = False  # whether the ranks are compared through the store at all
         group = _group()
         if group is None or group[1] != world.world_size or world.world_size < 2:
             return
@@ -86,6 +87,7 @@ class Agreement:
             return
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
         self._key = f"pqloader/agree/{world.world_size}/{restart}/{where}/{index}"
+        self.compared = True
 
     def begin(self, terms: Mapping[str, Any], alike: Mapping[str, Any] | None = None) -> None:
         """This rank plans from ``terms`` (JSON types; the same at every pass). Rank 0
@@ -173,7 +175,10 @@ class Agreement:
             return None
         try:
             store = _store()
-            unlike, agree = (store.add(f"{self._watch}/{k}", 0) for k in ("unlike", "agree"))
+            # "agree" first: a rank counts itself under "unlike" before "agree", so every rank
+            # counted in this "agree" is in the "unlike" read after it (read the other way,
+            # a rank comparing between the two reads was taken for alike)
+            agree, unlike = (store.add(f"{self._watch}/{k}", 0) for k in ("agree", "unlike"))
         except Exception:  # as in begin
             return None
         if unlike:

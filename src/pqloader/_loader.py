@@ -221,8 +221,11 @@ class DataLoader:
         order and a fingerprint of the dataset. Save it with the model at a step; in DDP the
         ranks step in lockstep, so rank 0's state restores every rank whose settings are
         rank 0's (the same ``num_workers`` and window size): else restore each rank's own.
-        It says which (``ranks_alike``, ``None`` until every rank has compared with rank 0):
-        a state of unlike ranks restores only the rank that saved it, with its settings.
+        It says which (``ranks_alike``; ``None`` while unknown: until every rank has
+        compared with rank 0, and in other ranks' states): a state of unlike ranks restores
+        only the rank that saved it, with its settings, and one that does not know resumes
+        only under its own settings (``ranks_compared``: whether the ranks are compared at
+        all; with no process group nothing can tell, and the state is trusted).
         """
         batches = self._batches if self._resume is None else self._resume
         origin = self._planner.origin
@@ -230,9 +233,10 @@ class DataLoader:
         cursor = Cursor(self._epoch, batches, self._planner.settings(self._plan_workers),
                         chain)
         # whether other ranks' plans are this one's (an elastic resume rebuilds them all
-        # from this state's settings): None while unknown (no process group: one process)
+        # from this state's settings): None while unknown
         return {**make_state(cursor, self._planner.fingerprint),
-                "rank": self.config.world.rank, "ranks_alike": self._agreement.alike()}
+                "rank": self.config.world.rank, "ranks_alike": self._agreement.alike(),
+                "ranks_compared": self._agreement.compared}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state.
@@ -266,7 +270,8 @@ class DataLoader:
             )
         rows = cursor.settings.get("shuffle_window_rows", 0)
         check_own(state, cursor, {**current, "shuffle_window_rows": rows}
-                  if planner.would_adopt(rows) else current, self.config.world.rank)
+                  if planner.would_adopt(rows) else current, self.config.world.rank,
+                  complete=cursor.batches == saved[0].num_batches)
         if planner.adopt_window_rows(rows):
             current = planner.settings(self._plan_workers)  # the state is valid: now adopt
         if dict(cursor.settings) == current:

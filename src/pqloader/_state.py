@@ -175,16 +175,31 @@ PER_RANK = ("num_workers", "shuffle_window_rows")  # settings the ranks may each
 
 
 def check_own(state: Mapping[str, Any], cursor: Cursor, current: Mapping[str, Any],
-              rank: int) -> None:
+              rank: int, *, complete: bool) -> None:
     """Refuse a state of ranks unlike each other (``PER_RANK``) anywhere but an exact resume
     of the rank that saved it: any other rebuilds every old rank's plan from this one's
-    settings, and rows of the ranks that differed repeat and go missing (found in review)."""
-    if state.get("ranks_alike") is not False or cursor.batches == 0:
+    settings, and rows of the ranks that differed repeat and go missing (found in review).
+    A state that does not know whether they were alike (saved before every rank had compared
+    with rank 0, or by another rank) is refused where the resume rebuilds the old plans (other
+    settings or world size). ``complete``: the state is at its epoch's end (nothing to deal)."""
+    alike = state.get("ranks_alike")
+    if alike is True or cursor.batches == 0 or complete:
         return
     saved = cursor.settings
-    if state.get("rank") == rank and dict(saved) == dict(current):
-        return
+    exact = dict(saved) == dict(current)
     own = ", ".join(f"{k}={saved[k]!r}" for k in PER_RANK)
+    if alike is None:
+        if exact or not state.get("ranks_compared"):  # nothing could tell: trusted
+            return
+        raise StateMismatchError(
+            f"this state, saved by rank {state.get('rank')} of {saved['world_size']} ranks "
+            f"({own} there), does not know whether every rank had rank 0's num_workers and "
+            "shuffle_window_rows (only rank 0's state knows, once every rank has compared with "
+            "it, within seconds of the first pass), so it cannot deal the rows left to other "
+            "settings or another world size; resume with its settings, or from a later state "
+            "of rank 0")
+    if state.get("rank") == rank and exact:
+        return
     raise StateMismatchError(
         f"this state was saved by rank {state.get('rank')} of {saved['world_size']} ranks "
         f"whose num_workers or shuffle_window_rows differed ({own} there): it restores that "
