@@ -56,7 +56,8 @@ def _cmd_write(args: argparse.Namespace) -> int:
     fmt = args.format or guess_format(source)
     try:
         typed = dict(args.column_type or [])
-        schema, batches, inputs = open_source(source, fmt, typed, args.encoding)
+        schema, batches, inputs = open_source(source, fmt, typed, args.encoding,
+                                              args.delimiter)
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, pqloader.PQLoaderError):
             raise
@@ -79,7 +80,7 @@ def _cmd_write(args: argparse.Namespace) -> int:
             row_group_size=args.row_group_size, compression=args.compression,
             overwrite=args.overwrite, progress=not args.no_progress)
     except pqloader.InvalidArgumentError as exc:  # its advice is for Python callers
-        raise CommandFailure(str(exc).replace("overwrite=True", "--overwrite")) from exc
+        raise CommandFailure(_in_cli_words(str(exc), args)) from exc
     except CommandFailure as exc:  # say what the error left in DST
         done = len(list(Path(target).glob("part-*.parquet")))
         if replacing:  # those files are the old dataset, not a partial new one
@@ -95,6 +96,14 @@ def _cmd_write(args: argparse.Namespace) -> int:
 
 
 # -- the parser and main ---------------------------------------------------------------------
+def _delimiter(text: str) -> str:
+    sign = {"tab": "\t", "\\t": "\t"}.get(text.lower(), text)
+    if len(sign) != 1 or sign in "\r\n\"":
+        raise argparse.ArgumentTypeError(f"{text!r} is not one character (a comma, ';', '|', "
+                                         "or tab)")
+    return sign
+
+
 def _names(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
@@ -223,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a CSV or JSON column's type (int64, uint64, string, list<int64>...), "
                          "not guessed; repeat for more columns")
     wr.add_argument("--encoding", help="a CSV file's text encoding (default: utf8)")
+    wr.add_argument("--delimiter", type=_delimiter, metavar="C",
+                    help="what separates a CSV file's fields: one character, or tab "
+                         "(default: a comma)")
     wr.add_argument("--overwrite", action="store_true", help="replace part-*.parquet in DST")
     wr.add_argument("--no-progress", action="store_true", help="no progress bar")
     wr.set_defaults(run=_cmd_write, parser=wr, **_WRITE_DEFAULTS)
@@ -276,6 +288,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The library's advice names Python arguments: said in the command line's words, where the
+# command has the option (its attribute in the parsed arguments; None: any command)
+_CLI_WORDS = (
+    ("leave it out with columns=[...] or convert it yourself with collate_fn=",
+     "leave it out with --columns (the columns to keep)", "columns"),
+    ("columns=[...]", "--columns A,B", "columns"),
+    ("or pass collate_fn=", "or leave it out with --columns", "columns"),
+    ("pass device=None to keep batches on the host",
+     "leave out --device to keep batches on the host", None),
+    ("pass device=None and move them yourself", "leave out --device", None),
+    ("pass credentials in storage_options (e.g. key=, secret=), or anon=True for a public "
+     "bucket", "set the store's credentials in the environment (S3: AWS_ACCESS_KEY_ID and "
+     "AWS_SECRET_ACCESS_KEY, or ~/.aws)", None),
+    ("check the credentials in storage_options", "check the store's credentials in the "
+     "environment (S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or ~/.aws)", None),
+    ("overwrite=True", "--overwrite", "overwrite"),
+)
+
+
+def _in_cli_words(text: str, args: argparse.Namespace) -> str:
+    """``text`` with the library's Python advice in this command's options."""
+    for python, cli, option in _CLI_WORDS:
+        if option is None or hasattr(args, option):
+            text = text.replace(python, cli)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``pqloader argv...``; return 0 when done, 1 when it failed, 2 for bad usage."""
     parser = build_parser()
@@ -298,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 1
     except (pqloader.PQLoaderError, OSError, pa.ArrowException) as exc:
-        print(f"pqloader: {exc}", file=sys.stderr)
+        print(f"pqloader: {_in_cli_words(str(exc), args)}", file=sys.stderr)
+        for note in getattr(exc, "__notes__", ()):  # where: the file and row group at fault
+            print(f"  {_in_cli_words(note, args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C: what it stopped says so (write leaves its marker)
         print("pqloader: interrupted", file=sys.stderr)

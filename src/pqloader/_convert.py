@@ -39,6 +39,8 @@ class CommandFailure(Exception):
 def guess_format(source: str) -> str:
     """``'csv'``, ``'jsonl'`` or ``'parquet'`` from the extension; a directory is Parquet."""
     path = Path(source)
+    if not path.exists():
+        raise CommandFailure(f"{source}: no such file or folder; check the path")
     if path.is_dir():
         return "parquet"
     suffixes = [s.lower() for s in path.suffixes]
@@ -69,28 +71,33 @@ def _parquet_batches(source: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], 
 
 
 _BLOCK = 16 << 20
+_OTHER_DELIMITERS = (";", "\t", "|")  # a one-column header holding one: refused, unless asked
 
 
 def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | None = None,
-                encoding: str | None = None
+                encoding: str | None = None, delimiter: str | None = None
                 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch], list[str]]:
     """The source's schema, its batches and the files they come from.
 
     CSV and JSON Lines have no types: pyarrow guesses them from the first block, and
-    ``column_types`` sets those the guess gets wrong (``_guesses.py`` names them).
+    ``column_types`` sets those the guess gets wrong (``_guesses.py`` names them). A CSV
+    file's fields are separated by ``delimiter`` (default: a comma).
     """
     types = dict(column_types or {})
+    if fmt == "parquet" and (types or encoding):
+        raise CommandFailure("--column-type and --encoding are for CSV and JSON Lines; a "
+                             "Parquet source has its types and encoding", code=2)
+    if fmt != "csv" and delimiter is not None:
+        raise CommandFailure(f"--delimiter is for CSV; a {fmt} source has no delimiter",
+                             code=2)
     if fmt == "parquet":
-        if types or encoding:
-            raise CommandFailure("--column-type and --encoding are for CSV and JSON Lines; a "
-                                 "Parquet source has its types and encoding", code=2)
         return _parquet_batches(source)
     if not Path(source).is_file():
         raise CommandFailure(f"{source}: no such file (a {fmt} source is one file); "
                              "check the path")
     text_encoding(encoding, fmt)
     try:
-        reader = _open_csv(source, types, encoding) if fmt == "csv" else \
+        reader = _open_csv(source, types, encoding, delimiter) if fmt == "csv" else \
             _open_json(source, types)
         batches = iter(reader)
         first = next(batches, None)
@@ -104,6 +111,14 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
                              f"has {schema.names}", code=2)
     if not len(schema):  # JSON Lines of {}: rows of no column
         raise CommandFailure(f"{source} holds no column: nothing to write")
+    if fmt == "csv" and delimiter is None and len(schema) == 1 and \
+            (sign := next((c for c in _OTHER_DELIMITERS if c in schema.names[0]), None)):
+        # a file of ';' (Excel in many locales), tabs or '|' read as one column: its rows
+        # would be written whole as text, and a quoted newline split one row in two
+        shown = {"\t": "tab"}.get(sign, sign)
+        raise CommandFailure(f"{source}: its header {schema.names[0]!r} reads as one column "
+                             f"holding {shown!r}: if its fields are separated so, pass "
+                             f"--delimiter {shown!r}", code=2)
     if twice := sorted({n for n in schema.names if schema.names.count(n) > 1}):
         raise CommandFailure(f"{source}: its header names {twice} twice; rename them (a "
                              "dataset's columns are read by name)")
@@ -113,7 +128,7 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
         raise CommandFailure(problem)
     rows: Iterator[pa.RecordBatch] = itertools.chain([first], batches)
     if fmt == "csv":
-        rows = _unpadded(rows, source, schema, types, encoding)
+        rows = _unpadded(rows, source, schema, types, encoding, delimiter)
     return schema, rows, [source]
 
 
@@ -136,17 +151,18 @@ def text_encoding(encoding: str | None, fmt: str) -> None:
 # Blocks of 16 MiB, not pyarrow's 1 MiB: a field or a line up to that size reads (a ~3 MB one
 # failed, "straddles two block boundaries"), and column types are guessed from more rows.
 def _open_csv(source: str, types: dict[str, pa.DataType], encoding: str | None,
-              only: list[str] | None = None) -> Any:
+              delimiter: str | None, only: list[str] | None = None) -> Any:
     return pa_csv.open_csv(
         source, read_options=pa_csv.ReadOptions(block_size=_BLOCK, encoding=encoding or "utf8"),
         # quoted fields may hold newlines (RFC 4180): without this, one past the first block
         # failed, "out of sync with chunker" (measured: no slower on 2M rows)
-        parse_options=pa_csv.ParseOptions(newlines_in_values=True),
+        parse_options=pa_csv.ParseOptions(delimiter=delimiter or ",", newlines_in_values=True),
         convert_options=pa_csv.ConvertOptions(column_types=types, include_columns=only))
 
 
 def _unpadded(batches: Iterator[pa.RecordBatch], source: str, schema: pa.Schema,
-              types: dict[str, pa.DataType], encoding: str | None) -> Iterator[pa.RecordBatch]:
+              types: dict[str, pa.DataType], encoding: str | None,
+              delimiter: str | None) -> Iterator[pa.RecordBatch]:
     """``batches``, refused at the first text with leading zeros in a column guessed integer
     (zip codes, phone numbers, padded ids: "01234" became 1234): those columns read again as
     text, alongside. The first block is checked before any row is written; one past it was
@@ -154,7 +170,8 @@ def _unpadded(batches: Iterator[pa.RecordBatch], source: str, schema: pa.Schema,
     guessed = [f.name for f in schema if pa.types.is_integer(f.type) and f.name not in types]
     if not guessed:
         return batches
-    text = iter(_open_csv(source, dict.fromkeys(guessed, pa.string()), encoding, guessed))
+    text = iter(_open_csv(source, dict.fromkeys(guessed, pa.string()), encoding, delimiter,
+                          guessed))
     checked = [0]  # rows of text checked
 
     def check(upto: int) -> None:

@@ -85,6 +85,9 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         text = text.removeprefix("file://")
+        if not text.strip():  # Path("") is the working directory: never what was meant
+            raise InvalidArgumentError(f"the path is empty ({os.fspath(source)!r}); pass a "
+                                       "folder, a glob or a file")
         if _GLOB_CHARS & set(text) and not os.path.exists(text):  # "exp[1]/" is a folder
             files = _glob(text)
             if not files:

@@ -129,12 +129,13 @@ def write_dataset(
     created = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
     root.mkdir(parents=True, exist_ok=True)
     existing = sorted(p for p in root.iterdir() if not p.name.startswith(("_", ".")))
-    if existing and not overwrite:
-        raise InvalidArgumentError(
-            f"{root}: already holds {len(existing)} files (e.g. {existing[0].name}); pass "
-            "overwrite=True or choose an empty directory"
-        )
     foreign = [p for p in existing if not (p.is_file() and p.match("part-*.parquet"))]
+    if existing and not overwrite:
+        held = f"{len(existing)} file{'s' * (len(existing) != 1)}"
+        what = f"remove {foreign[0].name} or " if foreign else "pass overwrite=True or "
+        raise InvalidArgumentError(  # overwrite=True replaces a dataset, nothing else
+            f"{root}: already holds {held} (e.g. {(foreign or existing)[0].name}); {what}"
+            "choose an empty directory")
     if foreign:
         raise InvalidArgumentError(
             f"{root}: overwrite=True replaces only part-*.parquet files, but {foreign[0].name} "

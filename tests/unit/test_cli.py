@@ -743,3 +743,67 @@ def test_write_refuses_leading_zeros_past_the_first_block(tmp_path: Path, capsys
                        "--rows-per-file", 500)
     assert code == 1 and "column 'zip' was guessed int64, and its row 1,501" in err, err
     assert "'01234'" in err
+
+
+@pytest.mark.parametrize(("sign", "flag"), [(";", ";"), ("\t", "tab"), ("|", "|")])
+def test_write_refuses_a_csv_of_another_delimiter_unless_told(tmp_path: Path, capsys,
+                                                             sign: str, flag: str) -> None:
+    """A file of ';' (Excel in many locales) or tabs was written as one text column, and a
+    quoted newline split a row in two, silently (found in review)."""
+    src = tmp_path / "q.csv"
+    src.write_text(f'\ufeffid{sign}name{sign}note\n1{sign}"Al{sign}ice"{sign}"line1\nline2"\n'
+                   f"2{sign}Bob{sign}plain\n", encoding="utf-8")
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    shown = "tab" if sign == "\t" else sign
+    assert code == 2 and f"pass --delimiter {shown!r}" in err, err
+    assert not (tmp_path / "out").exists()
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress",
+                       "--delimiter", flag)
+    assert code == 0, err
+    assert all_rows(tmp_path / "out") == [
+        {"id": 1, "name": f"Al{sign}ice", "note": "line1\nline2"},
+        {"id": 2, "name": "Bob", "note": "plain"}]
+
+
+def test_write_delimiter_usage_errors(tmp_path: Path, capsys) -> None:
+    src = write_csv(tmp_path / "in.csv", 3)
+    assert run(capsys, "write", src, tmp_path / "a", "--delimiter", ";;")[0] == 2
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text('{"a": 1}\n')
+    code, _, err = run(capsys, "write", jsonl, tmp_path / "b", "--delimiter", ";")
+    assert code == 2 and "--delimiter is for CSV" in err
+
+
+def test_write_into_a_folder_of_other_files_does_not_suggest_overwrite(tmp_path: Path,
+                                                                      capsys) -> None:
+    """It said "pass --overwrite", which then refused the same folder (found in review)."""
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "notes.txt").write_text("x")
+    code, _, err = run(capsys, "write", write_csv(tmp_path / "in.csv", 3), dst, "--no-progress")
+    assert code == 1 and "already holds 1 file (e.g. notes.txt); remove notes.txt" in err, err
+    assert "--overwrite" not in err
+
+
+def test_a_missing_source_is_named_as_missing(tmp_path: Path, capsys) -> None:
+    code, _, err = run(capsys, "write", tmp_path / "nonexist", tmp_path / "out")
+    assert code == 1 and "nonexist: no such file or folder" in err, err
+
+
+def test_errors_say_where_in_the_data_and_in_the_command_lines_words(tmp_path: Path,
+                                                                     capsys) -> None:
+    """A worker's error names the file and row group in notes, which went unprinted; its
+    advice named Python arguments (columns=[...]) that no option matches (found in review)."""
+    for year in ("2024", "__HIVE_DEFAULT_PARTITION__"):
+        folder = tmp_path / "hive" / f"year={year}"
+        folder.mkdir(parents=True)
+        pq.write_table(pa.table({"x": [1.0, 2.0]}), folder / "part-0.parquet")
+    code, _, err = run(capsys, "bench", tmp_path / "hive", "--no-progress", "--num-workers", 0)
+    assert code == 1 and "column 'year' (int64) has null values" in err, err
+    assert "year=__HIVE_DEFAULT_PARTITION__/part-0.parquet: row group 0" in err, err
+    assert "collate_fn" not in err and "--columns" in err
+    nested = tmp_path / "nested"
+    nested.mkdir()
+    pq.write_table(pa.table({"s": [{"a": 1}], "x": [1.0]}), nested / "part-0.parquet")
+    code, _, err = run(capsys, "bench", nested, "--no-progress")
+    assert code == 1 and "leave it out with --columns" in err and "columns=[" not in err, err

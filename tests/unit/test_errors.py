@@ -66,6 +66,14 @@ def test_missing_path(tmp_path: Path) -> None:
     _assert_error(info.value, pqloader.DatasetNotFoundError, FileNotFoundError, path)
 
 
+@pytest.mark.parametrize("path", ["", " ", "file://"])
+def test_an_empty_path_is_refused_not_read_as_the_working_directory(path: str) -> None:
+    """Path("") is "." : pqloader inspect "" read whatever folder it ran in (found in review)."""
+    with pytest.raises(ValueError, match="the path is empty") as info:
+        pqloader.ParquetDataset(path)
+    _assert_error(info.value, pqloader.InvalidArgumentError, ValueError)
+
+
 def test_empty_directory(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError) as info:
         pqloader.ParquetDataset(tmp_path)
