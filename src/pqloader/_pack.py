@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import math
 import pickle
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -116,7 +118,8 @@ def compact(batch: Any) -> Any:
     A dict of tensors is packed into one buffer (:class:`PackedBatch`); other tensors that view
     a larger buffer (a window) are cloned, since sending a view ships its whole buffer. A list
     or tuple of tensors is compacted item by item and rebuilt as its own type (a namedtuple
-    takes its items as arguments, not one iterable).
+    takes its items as arguments, not one iterable). What torch's process queue would refuse
+    to send is refused here, where the error reaches the caller (:func:`_probe`).
     """
     if isinstance(batch, _ARROW):  # collate_fn's Arrow batch: known to pickle
         return trim(batch)
@@ -131,12 +134,50 @@ def compact(batch: Any) -> Any:
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
     if type(batch) is dict:
         batch = {k: trim(v) for k, v in batch.items()}
-    values = batch.values() if isinstance(batch, dict) else \
-        batch if isinstance(batch, (list, tuple)) else ()
-    if not any(_packable(v) for v in values):  # cheap to pickle twice: no tensor to copy
-        # what does not pickle: a TypeError here, naming the key, not a hang
-        _pickled(batch if type(batch) is dict else {type(batch).__name__: batch})
+    _probe(batch)
     return batch
+
+
+class _Probe(pickle.Pickler):
+    """Pickles a batch as torch's process queue will, each tensor's bytes left out (a stand-in
+    instead): what it refuses, torch's would refuse in its queue's thread, which prints the
+    error and drops the batch, and the caller then waits for it forever (found in review)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if not isinstance(obj, torch.Tensor):
+            return NotImplemented
+        if obj.requires_grad and not obj.is_leaf:
+            raise TypeError(
+                "a tensor that requires grad and is not a leaf (the output of a module with "
+                "parameters, made outside torch.no_grad()) cannot cross to another process "
+                "(autograd does not); return it .detach()ed, or make it under torch.no_grad()")
+        return _nothing, ()
+
+
+def _nothing() -> None:
+    return None
+
+
+def _probe(batch: Any) -> None:
+    """Raise, naming the key or item at fault, what the batch holds that cannot be sent from a
+    worker process."""
+    try:
+        _Probe(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(batch)
+    except Exception as exc:
+        parts = batch.items() if isinstance(batch, Mapping) else \
+            enumerate(batch) if isinstance(batch, (list, tuple)) else ()
+        where = next((f" (its {k!r})" for k, v in parts if not _probes(v)), "")
+        raise TypeError(f"the batch{where} cannot be sent from a worker process ({exc}); "
+                        "return picklable values from transform, or use thread workers"
+                        ) from exc
+
+
+def _probes(value: Any) -> bool:
+    try:
+        _Probe(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except Exception:
+        return False
+    return True
 
 
 _ARROW = (pa.RecordBatch, pa.Table, pa.Array, pa.ChunkedArray)

@@ -50,18 +50,37 @@ def transform_arity(transform: Callable[..., Any] | None) -> int:
     """
     if transform is None:
         return 0
-    forward = getattr(transform, "forward", None)
-    target = forward if isinstance(transform, torch.nn.Module) and callable(forward) \
-        else transform
-    try:
-        params = list(inspect.signature(target).parameters.values())
-    except (TypeError, ValueError):  # builtins without a signature
+    params = _parameters(transform)
+    if params is None:  # builtins without a signature
         return 1
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(positional) < 2:
         return 1
     second = positional[1]
     return 2 if second.default is second.empty or second.name in _RNG_NAMES else 1
+
+
+def transform_rng_keyword(transform: Callable[..., Any] | None) -> str | None:
+    """The keyword-only parameter the generator goes to (``def f(batch, *, rng=None)``: it got
+    None, silently, found in review), where :func:`transform_arity` passes none: one named
+    ``rng`` (or ``generator``, ``gen``), and not one a ``functools.partial`` has bound."""
+    if transform is None or transform_arity(transform) == 2:
+        return None
+    bound = transform.keywords if isinstance(transform, functools.partial) else {}
+    for p in _parameters(transform) or ():
+        if p.kind is p.KEYWORD_ONLY and p.name in _RNG_NAMES and p.name not in bound:
+            return p.name
+    return None
+
+
+def _parameters(transform: Callable[..., Any]) -> list[inspect.Parameter] | None:
+    forward = getattr(transform, "forward", None)
+    target = forward if isinstance(transform, torch.nn.Module) and callable(forward) \
+        else transform
+    try:
+        return list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):  # builtins without a signature
+        return None
 
 
 @dataclass(frozen=True)
@@ -83,6 +102,11 @@ class Stages:
     def arity(self) -> int:
         """The transform's: 2 when it takes the batch's generator (see transform_arity)."""
         return transform_arity(self.transform)
+
+    @functools.cached_property
+    def rng_keyword(self) -> str | None:
+        """The keyword the generator goes to, where it goes by keyword."""
+        return transform_rng_keyword(self.transform)
 
     def load(self, segment: Segment) -> _Loaded:
         """Read a segment's window, permute it, keep the segment's rows."""
@@ -333,10 +357,12 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
         batch = to_torch(columns, stages.kinds)
     if stages.transform is not None:
         try:
-            if stages.arity == 2:
+            keyword = stages.rng_keyword  # None where the generator goes second, or not
+            if stages.arity == 2 or keyword is not None:
                 key = [stages.seed, epoch, rank, first_position + position]
                 rng = np.random.default_rng(key)
-                batch = stages.transform(batch, rng)
+                batch = stages.transform(batch, rng) if keyword is None else \
+                    stages.transform(batch, **{keyword: rng})
             else:
                 batch = stages.transform(batch)
         except Exception as exc:

@@ -4,9 +4,11 @@ manifest opened it. Each ends promptly, with the error named; none hangs or abor
 
 from __future__ import annotations
 
+import collections
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import pqloader
 
@@ -131,6 +134,47 @@ def test_a_footer_damaged_after_a_manifest_open_is_named(tmp_path: Path) -> None
 def _unpicklable(batch: dict[str, Any]) -> dict[str, Any]:
     batch["scale"] = lambda v: v * 2  # fine in threads; cannot cross to another process
     return batch
+
+
+class _Linear(torch.nn.Module):
+    """A transform with parameters: its output requires grad and is no leaf."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {"x": batch["x"] * self.scale}
+
+
+def _meta_first(batch: dict[str, Any]) -> Any:
+    return "meta", batch["id"], threading.Lock()
+
+
+def _ordered(batch: dict[str, Any]) -> Any:
+    return collections.OrderedDict(id=batch["id"], lock=threading.Lock())
+
+
+@pytest.mark.parametrize(("transform", "said"), [
+    (_Linear(), "requires grad and is not a leaf"),
+    (lambda b: _Linear()(b)["x"], "requires grad and is not a leaf"),
+    (lambda b: (b["id"], _Linear()(b)["x"]), "requires grad and is not a leaf"),
+    (_meta_first, r"the batch \(its 2\) cannot be sent"),
+    (_ordered, r"the batch \(its 'lock'\) cannot be sent"),
+])
+def test_any_batch_that_cannot_leave_a_worker_process_is_an_error_not_a_hang(
+        make_dataset: Any, transform: Any, said: str) -> None:
+    """torch's process queue refused these in its own thread, printed why and dropped the
+    batch: the caller waited forever (found in review: a module with parameters as the
+    transform, outside torch.no_grad(); a lock beside a tensor in a tuple or OrderedDict)."""
+    ds = pqloader.ParquetDataset(make_dataset(100))
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=1, worker_type="process",
+                                 multiprocessing_context="fork", transform=transform,
+                                 timeout=60)
+    began = time.monotonic()
+    with pytest.raises(TypeError, match=said):
+        list(loader)
+    assert time.monotonic() - began < 30
 
 
 def test_a_batch_that_cannot_leave_a_worker_process_is_an_error_not_a_hang(

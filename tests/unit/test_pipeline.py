@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from pqloader._pipeline import read_ahead, transform_arity
+from pqloader._pipeline import read_ahead, transform_arity, transform_rng_keyword
 
 
 @pytest.mark.parametrize("ahead", [1, 2, 3])
@@ -82,6 +82,44 @@ def _anything(*args: Any) -> Any:
 ])
 def test_transform_arity(transform: Any, arity: int) -> None:
     assert transform_arity(transform) == arity
+
+
+def _keyword(batch: Any, *, rng: Any = None) -> Any:
+    return batch
+
+
+def _keyword_generator(batch: Any, *, generator: Any, scale: float = 1.0) -> Any:
+    return batch
+
+
+@pytest.mark.parametrize(("transform", "keyword"), [
+    (_keyword, "rng"),
+    (_keyword_generator, "generator"),
+    (functools.partial(_keyword, rng=None), None),  # bound: the caller's own choice
+    (functools.partial(_two, rng=None), None),
+    (_two, None),  # positional
+    (_scaled, None),
+    (None, None),
+    (len, None),
+])
+def test_transform_rng_keyword(transform: Any, keyword: str | None) -> None:
+    """def f(batch, *, rng=None) got None, silently, and was not reproducible (found in
+    review): the generator now goes by keyword to a keyword-only parameter named for it."""
+    assert transform_rng_keyword(transform) == keyword
+
+
+def test_a_keyword_only_generator_is_passed_and_reproducible(make_dataset: Any) -> None:
+    import pqloader
+
+    def noise(batch: dict[str, Any], *, rng: Any = None) -> dict[str, Any]:
+        assert rng is not None
+        return {**batch, "noise": torch.from_numpy(rng.random(len(batch["id"])))}
+
+    ds = pqloader.ParquetDataset(make_dataset(300))
+    runs = [[b["noise"] for b in pqloader.DataLoader(ds, batch_size=64, shuffle=True, seed=3,
+                                                     num_workers=w, transform=noise)]
+            for w in (0, 2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
 
 
 @pytest.mark.parametrize("ahead", [1, 2])
