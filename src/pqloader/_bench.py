@@ -21,7 +21,7 @@ class BenchResult:
     rows: int
     batches: int
     seconds: float
-    first_batch_s: float  # from building the loader to holding the first batch
+    first_batch_s: float | None  # from building the loader to its first batch (None: none)
     rows_per_s: float
     # This process's peak RSS, plus the largest peak of its finished children (worker
     # processes): an estimate, not the peak of the whole tree at one moment.
@@ -80,7 +80,7 @@ def bench(dataset: ParquetDataset, *, max_batches: int | None = None, progress: 
     if loader.device is not None:  # copies to the device run ahead of the loop: wait for them
         torch.cuda.synchronize(loader.device)
     seconds = time.perf_counter() - (timed if settled else start)
-    return BenchResult(rows, batches, seconds, first or 0.0, rows / seconds if seconds else 0.0,
+    return BenchResult(rows, batches, seconds, first, rows / seconds if seconds else 0.0,
                        _peak_rss_mib(), epochs)
 
 

@@ -62,8 +62,8 @@ def _cmd_write(args: argparse.Namespace) -> int:
         if isinstance(exc, pqloader.PQLoaderError):
             raise
         said = file_rows(str(exc), 0) if fmt == "jsonl" else str(exc)  # in the first block
-        raise CommandFailure(f"{source}: {said}; {hint(fmt, typed)}, or pass --format if it "
-                             f"is not {fmt}") from exc
+        raise CommandFailure(f"{source}: {said}; {hint(fmt, typed, said)}, or pass --format "
+                             f"if it is not {fmt}") from exc
     dst, src = Path(target).resolve(), Path(source).resolve()
     if (src.is_dir() and dst.is_relative_to(src)) or any(
             Path(p).resolve().is_relative_to(dst) for p in inputs):
@@ -128,8 +128,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     else:
         epochs = f" over {result.epochs} epochs" if result.epochs > 1 else ""
         print(f"{result.rows:,} rows in {result.batches:,} batches of {args.batch_size:,}"
-              f"{epochs} in {result.seconds:.2f} s: {result.rows_per_s:,.0f} rows/s; first "
-              f"batch after {result.first_batch_s:.2f} s; peak RSS "
+              f"{epochs} in {result.seconds:.2f} s: {result.rows_per_s:,.0f} rows/s; "
+              + ("no batch" if result.first_batch_s is None else
+                 f"first batch after {result.first_batch_s:.2f} s") + "; peak RSS "
               f"~{result.peak_rss_mib:,.0f} MiB "
               f"({args.num_workers} {args.worker_type} workers, "
               f"{'no shuffle' if args.no_shuffle else 'shuffled'}"
@@ -153,7 +154,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     for settings, result in ranked:
         print(f"{settings['num_workers']:>11} {settings.get('prefetch_factor', '-'):>8} "
               f"{result.rows_per_s:>12,.0f} {result.rows_per_s / best:>7.2f} "
-              f"{result.first_batch_s:>8.2f}")
+              f"{result.first_batch_s or 0.0:>8.2f}")  # (tune refuses a dataset of no row)
     top = ranked[0][0]
     print(f"best: DataLoader(ds, batch_size={args.batch_size}, "
           + ", ".join(f"{k}={v!r}" for k, v in top.items()) + ")")

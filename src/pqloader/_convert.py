@@ -64,7 +64,9 @@ def _parquet_batches(source: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], 
             for fragment in range(ds.num_row_groups):
                 table = ds.reader.read(fragment).replace_schema_metadata(ds.schema.metadata)
                 yield from table.to_batches()
-        except (pqloader.PQLoaderError, pa.ArrowException, OSError) as exc:
+        except pqloader.PQLoaderError as exc:  # it says what to do already
+            raise CommandFailure(str(exc)) from exc
+        except (pa.ArrowException, OSError) as exc:
             raise CommandFailure(f"{exc}; {HINTS['parquet']}") from exc
 
     return ds.schema, gen(), ds.files
@@ -243,7 +245,7 @@ def counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str, rows: list
             yield batch
     except (pa.ArrowException, OSError) as exc:
         said = file_rows(str(exc), rows[0]) if fmt == "jsonl" else str(exc)
-        raise CommandFailure(f"{source}: {said}; {hint(fmt, typed)}") from exc
+        raise CommandFailure(f"{source}: {said}; {hint(fmt, typed, said)}") from exc
     except UnicodeError as exc:  # past the first block, in a CSV read with --encoding
         raise CommandFailure(f"{source}: text that its encoding cannot decode after row "
                              f"{rows[0]:,} ({exc}); pass the file's --encoding") from exc
@@ -256,8 +258,11 @@ def file_rows(message: str, before: int) -> str:
                   lambda m: f"in row {before + int(m[1]) + 1:,} of the file (from 1)", message)
 
 
-def hint(fmt: str, typed: dict[str, pa.DataType]) -> str:
-    """What to do about a read error of this format."""
+def hint(fmt: str, typed: dict[str, pa.DataType], said: str = "") -> str:
+    """What to do about a read error of this format (``said``: pyarrow's message)."""
+    if fmt == "csv" and (m := re.search(r"Expected (\d+) columns, got \d+", said)):
+        return (f"every row needs the header's {m[1]} fields (a field holding the delimiter "
+                "or a newline must be quoted; --delimiter sets another one)")
     given = "; or a --column-type given does not fit the values" if typed else ""
     return HINTS[fmt] + given
 

@@ -807,3 +807,31 @@ def test_errors_say_where_in_the_data_and_in_the_command_lines_words(tmp_path: P
     pq.write_table(pa.table({"s": [{"a": 1}], "x": [1.0]}), nested / "part-0.parquet")
     code, _, err = run(capsys, "bench", nested, "--no-progress")
     assert code == 1 and "leave it out with --columns" in err and "columns=[" not in err, err
+
+
+def test_messages_say_what_is_wrong_once(tmp_path: Path, capsys) -> None:
+    """A CSV row short of fields was blamed on guessed column types; a corrupt Parquet source's
+    advice came twice; bench on no rows said its first batch came after 0.00 s (found in
+    review)."""
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("a,b\n1,2\n3\n")
+    code, _, err = run(capsys, "write", ragged, tmp_path / "a", "--no-progress")
+    assert code == 1 and "every row needs the header's 2 fields" in err, err
+    assert "guessed" not in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    pq.write_table(pa.table({"x": pa.array([], pa.float64())}), empty / "part-0.parquet")
+    code, out, _ = run(capsys, "bench", empty, "--no-progress")
+    assert code == 0 and "no batch" in out and "first batch" not in out, out
+    code, out, _ = run(capsys, "bench", empty, "--no-progress", "--json")
+    assert json.loads(out)["first_batch_s"] is None
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    pq.write_table(pa.table({"x": np.arange(1000.0)}), corrupt / "c.parquet",
+                   compression="snappy")
+    data = bytearray((corrupt / "c.parquet").read_bytes())
+    data[40:200] = b"\x07" * 160  # inside the column chunk's compressed pages
+    (corrupt / "c.parquet").write_bytes(bytes(data))
+    code, _, err = run(capsys, "write", corrupt, tmp_path / "b", "--no-progress")
+    assert code == 1 and "c.parquet" in err, err
+    assert "does not decode" in err and "may be truncated or corrupt" not in err, err
