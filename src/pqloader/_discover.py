@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote
@@ -36,6 +36,7 @@ from ._schema import hive_partition, partition_schema, typed_first, unify, unvie
 from ._signed import redact
 from ._sizes import fragment_bytes
 from ._sources import expand_source, list_remote
+from ._widen import common_number, widened_bytes
 
 _MAX_FOOTER_THREADS = 32
 
@@ -172,6 +173,25 @@ def _open_remote(source: object, store: Store, cache: Cache | None
     return entries, schemas, [row_groups(md) for md in footers]
 
 
+def _widened(schemas: list[tuple[str, pa.Schema]], schema: pa.Schema, files: int
+             ) -> list[dict[str, float]]:
+    """Per file, its columns of numbers the dataset reads in a wider type (``_widen.py``), and
+    how many times their bytes grow: a window sized by the stored width held twice its share."""
+    if len(schemas) != files or all(s.equals(schemas[0][1]) for _, s in schemas[1:]):
+        return [{}] * files  # one schema (a manifest's, or every file's alike): none widened
+    numbers = [f for f in schema if common_number(f.type, f.type) is not None
+               or f.type.num_fields == 1]  # (lists of numbers)
+    out: list[dict[str, float]] = []
+    for _, file_schema_ in schemas:
+        ratios = {}
+        for field in numbers:
+            i = file_schema_.get_field_index(field.name)
+            if i >= 0 and (ratio := widened_bytes(field.type, file_schema_.field(i).type)) > 1:
+                ratios[field.name] = ratio
+        out.append(ratios)
+    return out
+
+
 def read_columns(names: list[str], row_filter: RowFilter | None,
                  partitions: list[str]) -> list[str]:
     """The columns a read decodes: the projection's, and the filter's that it lacks."""
@@ -215,13 +235,16 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
     wanted = columns if columns is not None else [*schema.names, *part_schema.names]
     full = pa.schema([*schema, *part_schema])
     schema = pa.schema([full.field(n) for n in wanted])
-    if row_filter is not None:  # the unified types (a column nullable in some file)
-        row_filter = replace(row_filter,
-                             schema=pa.schema([full.field(n) for n in row_filter.columns]))
+    if row_filter is not None:  # bound anew to the unified types (a column nullable in some
+        # file; an int column that other files give as float64: its NaN rows then count)
+        row_filter = RowFilter.of(filter, full, f"{schemas[0][0]} (the first file)")
 
     file_index, row_group, num_rows, byte_size, read_bytes = [], [], [], [], []
     read = read_columns(schema.names, row_filter, part_schema.names)
+    widened = _widened(schemas, full, len(groups))
     for i, (rows, sizes, per_row) in enumerate(groups):
+        if per_row is not None and widened[i]:  # read wider than stored: int32 as int64
+            per_row = {c: b * widened[i].get(c, 1.0) for c, b in per_row.items()}
         for rg, (n, size) in enumerate(zip(rows, sizes, strict=True)):
             if n == 0:
                 continue

@@ -11,6 +11,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from ._errors import ColumnNotFoundError, SchemaMismatchError
+from ._widen import common_number
 
 if TYPE_CHECKING:
     from ._discover import FileEntry
@@ -73,12 +74,15 @@ def _is_varlist(t: pa.DataType) -> bool:
 def same_type(a: pa.DataType, b: pa.DataType) -> bool:
     """Types equal up to the names of list elements (Spark says 'element', pyarrow 'item'),
     the nullability of nested fields (Spark's ``containsNull=false`` in one job's files only),
-    the offsets' width (``string`` and ``large_string``, ``list`` and ``large_list``) and
-    timestamps' units (of one time zone), with ``null`` (the type pandas gives an object
-    column without a value, as in an empty shard) matching any type: :func:`looser` makes one
-    type of the two."""
+    the offsets' width (``string`` and ``large_string``, ``list`` and ``large_list``),
+    timestamps' units (of one time zone) and numbers' widths (``_widen.py``: int32 beside
+    int64, int64 beside float64), with ``null`` (the type pandas gives an object column
+    without a value, as in an empty shard) matching any type: :func:`looser` makes one type
+    of the two."""
     if a.equals(b) or pa.types.is_null(a) or pa.types.is_null(b):
         return True  # null: no values (an empty object column from pandas), so any type's
+    if common_number(a, b) is not None:
+        return True
     for kind in _LAYOUTS:  # string and large_string: the same values (pandas 3 writes large)
         if kind(a) and kind(b):
             return True
@@ -109,6 +113,8 @@ def looser(a: pa.DataType, b: pa.DataType) -> pa.DataType:
         return b
     if pa.types.is_timestamp(a) and pa.types.is_timestamp(b):  # (a value past the finer
         return a if _UNITS.index(a.unit) >= _UNITS.index(b.unit) else b  # unit's range: named)
+    if (number := common_number(a, b)) is not None:  # (a value it would change: named)
+        return number
     if a.equals(b) or a.num_fields == 0 or a.num_fields != b.num_fields:
         return a
     fields = [_looser_field(a.field(i), b.field(i)) for i in range(a.num_fields)]
