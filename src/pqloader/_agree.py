@@ -105,7 +105,7 @@ class Agreement:
             try:
                 _store().set(self._key, json.dumps(value))
             except Exception:  # private API, a group destroyed, a store gone: never stop
-                self._key = ""  # training for the check
+                self._key, self.compared = "", False  # training for the check
                 return
             self._watch = f"{self._key}/{token}"
         self._polling, self._next = True, 0.0
@@ -122,6 +122,7 @@ class Agreement:
         except Exception:  # as in begin
             told = None
             self._done()
+            self.compared = self._known is not None  # unknown for good: as if never checked
         if told is not None:
             self._told, self._polling = told, False
             raise InvalidArgumentError(told)

@@ -34,7 +34,7 @@ from ._int96 import file_schema
 from ._manifest import match_manifest, read_manifest
 from ._schema import hive_partition, partition_schema, typed_first, unify, unviewed
 from ._signed import redact
-from ._sizes import fragment_bytes
+from ._sizes import RowBytes, fragment_bytes
 from ._sources import expand_source, list_remote
 from ._widen import common_number, widened_bytes
 
@@ -72,6 +72,9 @@ class Discovery:
     # group decoded, the filter's columns too): byte_size, unless a filter reads more, or made
     # byte_size the kept rows' share
     read_bytes: np.ndarray | None = None
+    # per file: its columns of numbers read wider than stored, and how many times their bytes
+    # grow (_widen.py); empty where none is (a manifest's dataset, files of one schema)
+    widened: tuple[dict[str, float], ...] = ()
 
     def held(self) -> np.ndarray:
         """Bytes a read of each fragment holds at once (decoded, before any filter)."""
@@ -173,6 +176,14 @@ def _open_remote(source: object, store: Store, cache: Cache | None
     return entries, schemas, [row_groups(md) for md in footers]
 
 
+def widen_row_bytes(per_row: RowBytes | None, ratios: dict[str, float]) -> RowBytes | None:
+    """A file's decoded bytes per row of each column (``_sizes.row_bytes``), those it stores
+    narrower than the dataset reads them (``ratios``, from :func:`_widened`) grown so."""
+    if per_row is None or not ratios:
+        return per_row
+    return {c: b * ratios.get(c, 1.0) for c, b in per_row.items()}
+
+
 def _widened(schemas: list[tuple[str, pa.Schema]], schema: pa.Schema, files: int
              ) -> list[dict[str, float]]:
     """Per file, its columns of numbers the dataset reads in a wider type (``_widen.py``), and
@@ -243,8 +254,7 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
     read = read_columns(schema.names, row_filter, part_schema.names)
     widened = _widened(schemas, full, len(groups))
     for i, (rows, sizes, per_row) in enumerate(groups):
-        if per_row is not None and widened[i]:  # read wider than stored: int32 as int64
-            per_row = {c: b * widened[i].get(c, 1.0) for c, b in per_row.items()}
+        per_row = widen_row_bytes(per_row, widened[i])
         for rg, (n, size) in enumerate(zip(rows, sizes, strict=True)):
             if n == 0:
                 continue
@@ -263,6 +273,7 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
         num_rows=np.asarray(num_rows, dtype=np.int64),
         byte_size=np.asarray(byte_size, dtype=np.int64),
         read_bytes=np.asarray(read_bytes, dtype=np.int64) if read_bytes else None,
+        widened=tuple(widened) if any(widened) else (),
         store=store,
         cache=cache,
         filter=row_filter,

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
-from ._discover import Discovery, read_columns
+from ._discover import Discovery, read_columns, widen_row_bytes
 from ._errors import PQLoaderError
 from ._read import FragmentReader
 from ._samples import measure, measure_files
@@ -45,7 +45,8 @@ def measure_strings(d: Discovery) -> Discovery:
     samples = measure_files(footers, wanted, sample)
     if not any(samples):
         return d
-    per_file = [row_bytes(md, own) for md, own in zip(footers, samples, strict=True)]
+    per_file = [widen_row_bytes(row_bytes(md, own), d.widened[f] if d.widened else {})
+                for f, (md, own) in enumerate(zip(footers, samples, strict=True))]
 
     def sizes(names: list[str]) -> np.ndarray:  # as _discover's index computes them
         return np.asarray([

@@ -36,7 +36,7 @@ from ._int96 import file_schema
 from ._ranges import Range, coalesce
 from ._schema import same_type, unviewed
 from ._sizes import leaf_count
-from ._widen import common_number
+from ._widen import fits
 
 _MAX_PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
 _CHANGED = ("the file changed since the dataset was opened, or since the manifest that "
@@ -104,9 +104,8 @@ class FragmentReader:
         for name in self._file_columns:
             got, want = have.get(name), wanted.get(name)  # want None: a filter's column only
             if got is None or (want is not None and not got.equals(want) and (not same_type(
-                    unviewed(pa.schema([pa.field(name, got)])).types[0], want) or (
-                    (number := common_number(want, got)) is not None
-                    and not number.equals(want)))):  # wider than the dataset's: refused
+                    unviewed(pa.schema([pa.field(name, got)])).types[0], want)
+                    or not fits(want, got))):  # numbers wider than the dataset's: refused
                 found = f"{entry.path} has no column {name!r}" if got is None else \
                     f"{entry.path}: column {name!r} is {got}, the dataset's {want}"
                 raise SchemaMismatchError(f"{found}; {_CHANGED}")

@@ -58,3 +58,15 @@ def widened_bytes(dataset: pa.DataType, file: pa.DataType) -> float:
         return 1.0
     stored = 16 if file.equals(pa.float16()) else max(32, file.bit_width)
     return max(1.0, float(dataset.bit_width / stored))
+
+
+def fits(dataset: pa.DataType, file: pa.DataType) -> bool:
+    """Whether every number in ``file``'s type, at any depth, is one ``dataset``'s holds (the
+    same or narrower): a file wider than the dataset would be cast down, silently."""
+    number = common_number(dataset, file)
+    if number is not None:
+        return bool(number.equals(dataset))
+    if dataset.num_fields and dataset.num_fields == file.num_fields:
+        return all(fits(dataset.field(i).type, file.field(i).type)
+                   for i in range(dataset.num_fields))
+    return True

@@ -57,6 +57,20 @@ def test_rank_0_never_takes_a_rank_that_compares_between_its_reads_for_alike(
     assert agreement.alike() is False  # and, once rank 1 has counted itself, known
 
 
+def test_a_store_that_fails_leaves_the_ranks_uncompared(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Its states then resume as states of no process group do, not refused as unknown."""
+    class Broken(_Store):
+        def set(self, key: str, value: Any) -> None:
+            raise RuntimeError("the store is gone")
+
+    monkeypatch.setattr(_agree, "_group", lambda: (0, 2))
+    monkeypatch.setattr(_agree, "_store", Broken)
+    agreement = _agree.Agreement(World(rank=0, world_size=2), "test_agree.py:3")
+    agreement.begin({"seed": 0}, {"num_workers": 1})
+    assert not agreement.compared and agreement.alike() is None
+
+
 def test_without_a_process_group_nothing_is_compared() -> None:
     assert not _agree.Agreement(World(rank=0, world_size=2), "test_agree.py:2").compared
 

@@ -121,3 +121,49 @@ def test_numbers_no_type_holds_together_are_still_refused(tmp_path: Path,
                    pa.table({"x": pa.array([1], pa.int64())}))
     with pytest.raises(pqloader.SchemaMismatchError, match=r"column 'x' is .* but .* in"):
         pqloader.ParquetDataset(root)
+
+
+def test_widened_sizes_hold_beside_measured_strings(tmp_path: Path) -> None:
+    """Measuring a dataset's dictionary-encoded strings sized its row groups anew from the
+    footers, the widening forgotten: an int32 file read as int64 was sized 0.54x (review)."""
+    names = pa.array(["alpha", "beta", "gamma"]).take(np.arange(5000) % 3)
+    ints = {f"c{k}": np.arange(5000) for k in range(8)}
+    root = _shards(tmp_path / "ds",
+                   pa.table({**{c: pa.array(v, pa.int32()) for c, v in ints.items()},
+                             "name": names}),
+                   pa.table({**{c: pa.array(v, pa.int64()) for c, v in ints.items()},
+                             "name": names}))
+    ds = pqloader.ParquetDataset(root)
+    for fragment, f in enumerate(sorted(root.iterdir())):
+        decoded = pq.read_table(f).cast(ds.schema).nbytes
+        assert 0.9 < ds._discovery.byte_size[fragment] / decoded < 1.1, f.name
+
+
+@pytest.mark.parametrize(("dataset", "file", "fit"), [
+    (pa.int64(), pa.int32(), True),
+    (pa.int64(), pa.float64(), False),
+    (pa.list_(pa.int64()), pa.list_(pa.float64()), False),
+    (pa.list_(pa.int64()), pa.large_list(pa.int32()), True),
+    (pa.struct({"a": pa.int32()}), pa.struct({"a": pa.int64()}), False),
+    (pa.map_(pa.string(), pa.float64()), pa.map_(pa.string(), pa.float32()), True),
+    (pa.string(), pa.large_string(), True),  # not numbers: same_type's concern
+])
+def test_fits(dataset: pa.DataType, file: pa.DataType, fit: bool) -> None:
+    from pqloader._widen import fits
+
+    assert fits(dataset, file) is fit
+
+
+def test_a_file_rewritten_under_its_manifest_with_wider_numbers_is_refused(
+        tmp_path: Path) -> None:
+    """list<double> where the manifest said list<int64> was cast down silently (review)."""
+    from pqloader._read import FragmentReader
+
+    root = tmp_path / "ds"
+    pqloader.write_dataset(pa.table({"a": [[1, 2], [3]] * 50}), root, rows_per_file=50)
+    ds = pqloader.ParquetDataset(root)  # from the manifest: no footer read
+    shard = sorted(root.glob("part-*.parquet"))[1]
+    pq.write_table(pa.table({"a": pa.array([[1.5]] * 50, pa.list_(pa.float64()))}), shard)
+    reader = FragmentReader(ds._discovery)
+    with pytest.raises(pqloader.SchemaMismatchError, match=r"column 'a' is list<.*double>"):
+        reader._check_types(ds._discovery.files[1], pq.read_metadata(shard))
