@@ -66,6 +66,10 @@ def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.Re
     # as rows of dicts are
     guessed = [(source, name) for name, source in _untyped(df).items()
                if name in schema.names and holds(schema.field(name).type, _is_guessed)]
+    # whether each holds values of one kind, over the whole frame: its type was guessed from
+    # the whole frame, so a chunk of one kind may still be of another than the type's (dates,
+    # then a chunk of datetimes, lost their time; found in review)
+    uniform = {name: _one_kind_each(_kinds_of(df, source)) for source, name in guessed}
 
     def gen() -> Iterator[pa.RecordBatch]:
         for start in range(0, len(df), chunk_rows):
@@ -78,8 +82,10 @@ def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.Re
             except (ValueError, TypeError, OverflowError, pa.ArrowNotImplementedError) as exc:
                 raise _pandas_error(chunk, exc, where) from exc
             for source, name in guessed:
+                if uniform[name]:
+                    continue
                 values = _python_values(chunk, source)
-                if not guess_kept(values, table.column(name)):
+                if not guess_kept(values, table.column(name), uniform=False):
                     what = "column" if source[0] == "column" else "index level"
                     raise DataError(
                         f"{where}, {what} {name!r}: pyarrow would write its values "
@@ -110,6 +116,16 @@ def _untyped(df: Any) -> dict[str, tuple[str, int]]:
                 and untyped(df.index.get_level_values(i).dtype):
             found[str(name)] = ("index", i)
     return found
+
+
+def _kinds_of(df: Any, source: tuple[str, int]) -> list[Any]:
+    """Values of a column or index level (``source``) with every kind it holds: a
+    categorical's categories stand for its values."""
+    kind, i = source
+    values = df.iloc[:, i] if kind == "column" else df.index.get_level_values(i)
+    if getattr(values.dtype, "name", None) == "category":
+        return list(values.dtype.categories)
+    return _python_values(df, source)
 
 
 def _python_values(chunk: Any, source: tuple[str, int]) -> list[Any]:
@@ -147,6 +163,9 @@ def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
     names = frozenset(first) if given is None else frozenset(given.names)
     whose = "the first row" if given is None else "the schema"
     _check_keys(head, names, 0, whose)
+    if keys := sorted({repr(k) for k in names if not isinstance(k, str)}):  # (a raw
+        raise DataError(f"the first row's keys {', '.join(keys)} are not text; columns are "
+                        "named by text: give every row's keys as str")  # TypeError before)
     inferred_head, schema = None, given
     if schema is None:
         try:
@@ -195,8 +214,8 @@ def _convert(chunk: list[dict[str, Any]], schema: pa.Schema, done: int,
     does; the first rows' types take them only as they are."""
     try:  # every column inferred at once; one that fails is found and named below
         inferred = pa.Table.from_struct_array(pa.array(chunk))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        inferred = None
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+        inferred = None  # (uuid.UUID values: no struct of extension types)
     columns = []
     for field in schema:
         try:
@@ -258,12 +277,15 @@ def _is_guessed(t: pa.DataType) -> bool:
     return any(test(t) for test in _GUESSED)
 
 
-def guess_kept(values: list[Any], column: pa.Array | pa.ChunkedArray) -> bool:
-    """Whether ``column``, pyarrow's conversion of Python ``values``, holds those values."""
+def guess_kept(values: list[Any], column: pa.Array | pa.ChunkedArray, *,
+               uniform: bool | None = None) -> bool:
+    """Whether ``column``, pyarrow's conversion of Python ``values``, holds those values.
+    ``uniform``: whether the values its type was guessed from were of one kind (None: these
+    values are those)."""
     if not holds(column.type, _is_guessed):
         return True
-    if _one_kind_each(values):  # nothing mixed to change: 7x cheaper than comparing them
-        return True
+    if _one_kind_each(values) if uniform is None else uniform:  # nothing mixed to change:
+        return True  # 7x cheaper than comparing them
     return same_values(values, column.to_pylist(), column.type)
 
 

@@ -7,6 +7,7 @@ import math
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -310,6 +311,27 @@ def test_pandas_object_columns_pyarrow_would_guess_into_other_values_are_refused
     assert not root.exists()
     pqloader.write_dataset(frame.iloc[:3], root)  # one kind: as it was
     assert pq.read_table(root).column("a").to_pylist() == [first] * 3
+
+
+@pytest.mark.parametrize(("first", "other", "kinds"), _GUESSES)
+def test_pandas_values_of_one_kind_a_chunk_but_two_in_the_frame_are_refused(
+        tmp_path: Path, first: Any, other: Any, kinds: str) -> None:
+    """The type is guessed from the whole frame; a chunk of the other kind alone passed the
+    check of one kind, and was written changed: dates, then a chunk of datetimes, lost their
+    time (found in review)."""
+    frame = pd.DataFrame({"a": pd.Series([first] * 3 + [other] * 3, dtype=object)})
+    with pytest.raises(pqloader.DataError, match=r"column 'a'"):
+        pqloader.write_dataset(frame, tmp_path / "out", row_group_size=3)
+
+
+def test_dict_rows_of_uuids_and_keys_that_are_not_text(tmp_path: Path) -> None:
+    """UUIDs past the first chunk failed with pyarrow's bare "extension"; a key 0 with its
+    raw TypeError (both found in review)."""
+    ids = [uuid.UUID(int=i) for i in range(10)]
+    pqloader.write_dataset([{"u": u} for u in ids], tmp_path / "out", row_group_size=3)
+    assert pq.read_table(tmp_path / "out").column("u").to_pylist() == ids
+    with pytest.raises(pqloader.DataError, match="keys 0 are not text"):
+        pqloader.write_dataset([{0: 1}], tmp_path / "keys")
 
 
 @pytest.mark.parametrize(("first", "other", "kinds"), _GUESSES)
