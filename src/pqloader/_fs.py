@@ -34,6 +34,7 @@ from ._retry import (
     RangeIgnored,
     RetryPolicy,
     ShortRead,
+    chain,
     classify,
     status_of,
     with_timeout,
@@ -284,7 +285,9 @@ def _remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exc
         return DatasetNotFoundError(f"{url}: no such object ({exc})")
     if isinstance(exc, PermissionError) and kind == "fatal":
         expired = "; a signed URL may have expired: sign it again" if is_signed(url) else ""
-        return RemoteIOError(f"{url}: access denied ({exc}); check the credentials in "
+        said = next((str(e) for e in chain(exc) if str(e) not in ("", "None")),
+                    type(exc).__name__)  # s3fs's PermissionError says "None", its cause why
+        return RemoteIOError(f"{url}: access denied ({said}); check the credentials in "
                              f"storage_options{expired}")
     if kind == "fatal":
         hint = ("; pass credentials in storage_options (e.g. key=, secret=), or anon=True "

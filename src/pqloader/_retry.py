@@ -40,6 +40,7 @@ _PATH = re.compile(r"\S*/\S*")
 # ProxyError: what gcsfs raises for a 502, keeping no status
 _TRANSIENT = re.compile(r"\b(500|502|504)\b|InternalError|ServiceUnavailable|Connection "
                         r"(reset|aborted|refused|closed)|Server disconnected|timed? ?out|"
+                        r"Could not connect|Cannot connect to host|Connect call failed|"
                         r"RemoteDisconnected|IncompleteRead|ClientPayloadError|"
                         r"ServerDisconnectedError|Broken pipe|ProxyError", re.IGNORECASE)
 
@@ -67,7 +68,7 @@ def classify(exc: BaseException) -> str:
     """``"throttled"``, ``"transient"`` (retry) or ``"fatal"`` (403, 404, bad request...)."""
     if isinstance(exc, ShortRead):  # by type: "120 of 503 bytes" names no status
         return "transient"
-    if any(_cut_short(e) for e in _chain(exc)):  # before the status: aiohttp's say 400
+    if any(_cut_short(e) for e in chain(exc)):  # before the status: aiohttp's say 400
         return "transient"
     # The status first: fsspec's HTTP info() raises FileNotFoundError from a 503 or a 429.
     status = status_of(exc)
@@ -81,20 +82,27 @@ def classify(exc: BaseException) -> str:
         return "transient"
     if status is not None and 400 <= status < 500:
         return "fatal"
-    text = _PATH.sub(" ", " ".join(f"{type(e).__name__}: {e}" for e in _chain(exc)))
+    text = _PATH.sub(" ", " ".join(f"{type(e).__name__}: {e}" for e in chain(exc)))
     if _FATAL.search(text):
         return "fatal"
     if _THROTTLED.search(text):
         return "throttled"
-    if isinstance(exc, (ConnectionError, TimeoutError)) or _TRANSIENT.search(text):
-        return "transient"
-    if isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.ETIMEDOUT,
-                                                   errno.EPIPE, errno.EAGAIN, errno.EIO):
+    # at any depth: botocore and aiohttp wrap the socket's ConnectionRefusedError in their
+    # own errors ("Could not connect to the endpoint URL"), and a server restarting for a
+    # second failed the read at once, never retried (found in review)
+    if _TRANSIENT.search(text) or any(
+            isinstance(e, (ConnectionError, TimeoutError)) or
+            (isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS) for e in chain(exc)):
         return "transient"
     return "fatal"
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+_TRANSIENT_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT,
+                               errno.EPIPE, errno.EAGAIN, errno.EIO})
+
+
+def chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what raised it, outermost first (at most 8)."""
     seen: list[BaseException] = []
     e: BaseException | None = exc
     while e is not None and e not in seen and len(seen) < 8:
@@ -117,7 +125,7 @@ def status_of(exc: BaseException) -> int | None:
     ``status_code``, botocore's response. Not the ``code`` of aiohttp's errors parsing a
     response (``HttpProcessingError``): 400 for a body cut short, which is no reply of the
     server's."""
-    for e in _chain(exc):
+    for e in chain(exc):
         parsing = any(c.__name__ == "HttpProcessingError" for c in type(e).__mro__)
         status = getattr(e, "status", None) or getattr(e, "status_code", None) or \
             (None if parsing else getattr(e, "code", None))

@@ -65,6 +65,23 @@ def test_a_503_raised_as_file_not_found_is_retried_not_missing() -> None:
     assert classify(FileNotFoundError("http://h/a")) == "fatal"
 
 
+def test_a_refused_connection_wrapped_by_a_client_is_retried() -> None:
+    """botocore's EndpointConnectionError and aiohttp's ClientConnectorError wrap the
+    socket's ConnectionRefusedError: a server restarting for a second failed the read at once
+    (found in review)."""
+    import aiohttp
+    from botocore.exceptions import EndpointConnectionError
+
+    refused = ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 1)")
+    s3 = _raised_from(EndpointConnectionError(endpoint_url="http://127.0.0.1:1/b/k"), refused)
+    http = aiohttp.ClientConnectorError(
+        aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 1, False, True, None, None, None),
+        refused)
+    assert classify(s3) == "transient"
+    assert classify(http) == "transient"
+    assert classify(OSError(111, "refused")) == "transient"
+
+
 def test_a_short_read_is_transient_whatever_its_byte_counts() -> None:
     assert classify(ShortRead("short read: 120 of 503 bytes")) == "transient"
     assert classify(RangeIgnored("asked for 503 bytes, got 4096")) == "fatal"
@@ -301,3 +318,12 @@ def test_clear_waits_for_an_eviction_under_way_and_deletes_everything(tmp_path: 
         thread.join(10)
     assert done and done[0] > 0
     assert cache.entries() == []
+
+
+def test_access_denied_says_why_when_the_error_itself_does_not() -> None:
+    """s3fs raises PermissionError(None) from botocore's AccessDenied: "access denied (None)"."""
+    from pqloader._fs import _remote_error
+
+    denied = _raised_from(PermissionError(None), RuntimeError("An error occurred (AccessDenied)"))
+    message = str(_remote_error("s3://b/k", denied, 1, "fatal"))
+    assert "access denied (An error occurred (AccessDenied))" in message, message
