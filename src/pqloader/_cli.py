@@ -176,6 +176,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         print(f"epoch {r.epoch}: {r.delivered:,} deliveries of {r.num_rows:,} rows: {verdict}")
         ranks = ", ".join(f"rank {k}: {v}" for k, v in sorted(r.batches_per_rank.items()))
         print(f"  batches per rank: {ranks}")
+        workers = ", ".join(f"{k}: {v}" for k, v in sorted(
+            r.batches_per_worker.items(), key=lambda kv: tuple(map(int, kv[0].split("/")))))
+        print(f"  batches per rank/worker: {workers}")
         for example in r.duplicate_examples:
             print(f"  repeated rows {example['rows']} in batch {example['batch']} of rank "
                   f"{example['rank']} ({example['file']})")

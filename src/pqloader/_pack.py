@@ -49,11 +49,11 @@ def _dense(t: torch.Tensor) -> bool:
 
 def _pickled(rest: dict[str, Any]) -> bytes:
     """The batch's other values, pickled here, in the worker: a value that does not pickle
-    (a lambda, a lock) fails now, with its key named, and torch hands the error to the caller.
-    Left to the worker's queue, the failure was printed in the worker and the batch dropped:
-    the caller waited for it forever."""
+    (a lambda, a lock, a tensor autograd would lose) fails now, with its key named, and torch
+    hands the error to the caller. Left to the worker's queue, the failure was printed in the
+    worker and the batch dropped: the caller waited for it forever."""
     try:
-        return pickle.dumps(rest, protocol=pickle.HIGHEST_PROTOCOL)
+        return _dumps(rest, _Sending)
     except Exception as exc:
         key = next((k for k, v in rest.items() if not _pickles(v)), None)
         raise TypeError(f"the batch's {key!r} cannot be sent from a worker process ({exc}); "
@@ -63,10 +63,30 @@ def _pickled(rest: dict[str, Any]) -> bytes:
 
 def _pickles(value: Any) -> bool:
     try:
-        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        _dumps(value, _Sending)
     except Exception:
         return False
     return True
+
+
+def _dumps(value: Any, pickler: type[pickle.Pickler]) -> bytes:
+    out = io.BytesIO()
+    pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return out.getvalue()
+
+
+class _Sending(pickle.Pickler):
+    """Pickles as :mod:`pickle` does, but refuses what torch's process pickler would: a
+    tensor that requires grad and is no leaf (plain pickle sent it as a new leaf, cut from its
+    graph, where a dict held it beside a plain tensor; found in review)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.requires_grad and not obj.is_leaf:
+            raise TypeError(
+                "a tensor that requires grad and is not a leaf (the output of a module with "
+                "parameters, made outside torch.no_grad()) cannot cross to another process "
+                "(autograd does not); return it .detach()ed, or make it under torch.no_grad()")
+        return NotImplemented
 
 
 def _packable(value: Any) -> bool:
@@ -139,10 +159,11 @@ def compact(batch: Any) -> Any:
     return batch
 
 
-class _Probe(pickle.Pickler):
-    """Pickles a batch as torch's process queue will, each tensor's bytes left out (a stand-in
-    instead): what it refuses, torch's would refuse in its queue's thread, which prints the
-    error and drops the batch, and the caller then waits for it forever (found in review)."""
+class _Probe(_Sending):
+    """Pickles a batch as torch's process queue will, the bytes of each tensor and array left
+    out (a stand-in instead): what it refuses, torch's would refuse in its queue's thread,
+    which prints the error and drops the batch, and the caller then waits for it forever
+    (found in review)."""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, _ALWAYS):  # sure to pickle: their bytes are not copied twice
@@ -150,11 +171,7 @@ class _Probe(pickle.Pickler):
                 else NotImplemented
         if not isinstance(obj, torch.Tensor):
             return NotImplemented
-        if obj.requires_grad and not obj.is_leaf:
-            raise TypeError(
-                "a tensor that requires grad and is not a leaf (the output of a module with "
-                "parameters, made outside torch.no_grad()) cannot cross to another process "
-                "(autograd does not); return it .detach()ed, or make it under torch.no_grad()")
+        super().reducer_override(obj)  # refuses a tensor autograd would lose
         return _nothing, ()
 
 
@@ -166,7 +183,7 @@ def _probe(batch: Any) -> None:
     """Raise, naming the key or item at fault, what the batch holds that cannot be sent from a
     worker process."""
     try:
-        _Probe(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(batch)
+        _dumps(batch, _Probe)
     except Exception as exc:
         parts = batch.items() if isinstance(batch, Mapping) else \
             enumerate(batch) if isinstance(batch, (list, tuple)) else ()
@@ -178,7 +195,7 @@ def _probe(batch: Any) -> None:
 
 def _probes(value: Any) -> bool:
     try:
-        _Probe(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        _dumps(value, _Probe)
     except Exception:
         return False
     return True

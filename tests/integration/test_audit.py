@@ -39,7 +39,8 @@ def test_records_are_the_rows_delivered(make_dataset: Any, tmp_path: Path,
     assert report.batches_per_rank == {0: len(loader)}
 
 
-def test_ranks_together_are_exactly_once(make_dataset: Any, tmp_path: Path) -> None:
+def test_ranks_together_are_exactly_once(make_dataset: Any, tmp_path: Path,
+                                         capsys: Any) -> None:
     ds = pqloader.ParquetDataset(make_dataset(960))
     for rank in range(3):
         list(pqloader.DataLoader(ds, batch_size=32, shuffle=True, rank=rank, world_size=3,
@@ -47,7 +48,11 @@ def test_ranks_together_are_exactly_once(make_dataset: Any, tmp_path: Path) -> N
     (report,) = pqloader.audit(tmp_path)
     assert report.exactly_once
     assert report.batches_per_rank == {0: 10, 1: 10, 2: 10}
+    capsys.readouterr()
     assert main(["audit", str(tmp_path)]) == 0
+    out = capsys.readouterr().out  # per worker too, as the README says
+    assert "batches per rank: rank 0: 10, rank 1: 10, rank 2: 10" in out, out
+    assert "batches per rank/worker: 0/0: 5, 0/1: 5, 1/0: 5, 1/1: 5, 2/0: 5, 2/1: 5" in out, out
 
 
 def test_the_padding_that_evens_ranks_is_no_duplicate(make_dataset: Any, tmp_path: Path,

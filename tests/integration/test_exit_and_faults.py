@@ -157,6 +157,7 @@ def _ordered(batch: dict[str, Any]) -> Any:
 
 @pytest.mark.parametrize(("transform", "said"), [
     (_Linear(), "requires grad and is not a leaf"),
+    (lambda b: {**b, "y": _Linear()(b)["x"]}, "the batch's 'y' cannot be sent"),
     (lambda b: _Linear()(b)["x"], "requires grad and is not a leaf"),
     (lambda b: (b["id"], _Linear()(b)["x"]), "requires grad and is not a leaf"),
     (_meta_first, r"the batch \(its 2\) cannot be sent"),
