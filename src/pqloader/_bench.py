@@ -23,8 +23,9 @@ class BenchResult:
     seconds: float
     first_batch_s: float | None  # from building the loader to its first batch (None: none)
     rows_per_s: float
-    # This process's peak RSS, plus the largest peak of its finished children (worker
-    # processes): an estimate, not the peak of the whole tree at one moment.
+    # This process's peak RSS during this run (its whole life's where Linux cannot reset the
+    # peak), plus the largest peak of its finished children (worker processes): an estimate,
+    # not the peak of the whole tree at one moment.
     peak_rss_mib: float
     epochs: int  # epochs the timed batches came from, the last one maybe in part
 
@@ -32,9 +33,26 @@ class BenchResult:
         return asdict(self)
 
 
-def _peak_rss_mib() -> float:
+def _reset_peak() -> bool:
+    """Reset this process's peak RSS (Linux 4.0+): each of ``tune``'s runs reported the peak
+    of every run before it, ru_maxrss only growing (found in review)."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mib(since_reset: bool) -> float:
     # ru_maxrss is KiB on Linux; for RUSAGE_CHILDREN it is the largest finished child's peak
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if since_reset:
+        try:
+            with open("/proc/self/status", encoding="ascii") as f:
+                own = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            pass
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return float(own + children) / 1024
 
@@ -51,6 +69,7 @@ def bench(dataset: ParquetDataset, *, max_batches: int | None = None, progress: 
     ``settle_s`` seconds); then a fresh epoch is timed. Without it the clock starts before the
     loader is built.
     """
+    reset = _reset_peak()
     start = time.perf_counter()
     loader = DataLoader(dataset, **loader_options)
     total = len(loader) if max_batches is None or not len(loader) else max_batches
@@ -81,7 +100,7 @@ def bench(dataset: ParquetDataset, *, max_batches: int | None = None, progress: 
         torch.cuda.synchronize(loader.device)
     seconds = time.perf_counter() - (timed if settled else start)
     return BenchResult(rows, batches, seconds, first, rows / seconds if seconds else 0.0,
-                       _peak_rss_mib(), epochs)
+                       _peak_rss_mib(reset), epochs)
 
 
 def _warm_up(loader: DataLoader, batches: int, seconds: float, start: float) -> float | None:

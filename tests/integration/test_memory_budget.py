@@ -234,3 +234,4 @@ def test_files_of_heavy_and_light_rows_stay_in_the_budget(tmp_path: Path) -> Non
     added, ids = _peak_added(loader)
     assert added <= budget, f"added {added / MIB:.0f} MiB over {budget / MIB:.0f} MiB"
     assert np.array_equal(np.sort(ids), np.arange(1_006_400))
+

@@ -572,6 +572,24 @@ def test_bench_measures_an_epoch(make_dataset, capsys) -> None:
     assert result["rows_per_s"] > 0 and result["first_batch_s"] <= result["seconds"]
 
 
+def test_bench_reports_the_peak_of_its_own_run(make_dataset) -> None:
+    """ru_maxrss only grows: each of tune's settings reported the peak of all before it."""
+    from pqloader._bench import _reset_peak, bench
+
+    if not _reset_peak():
+        pytest.skip("this kernel cannot reset a process's peak RSS (/proc/self/clear_refs)")
+    ds = pqloader.ParquetDataset(make_dataset(1000))
+    before = next(int(line.split()[1]) for line in
+                  Path("/proc/self/status").read_text().splitlines()
+                  if line.startswith("VmRSS:")) / 1024
+    spike = np.ones(600 << 20, dtype=np.uint8)  # 600 MiB touched, then freed
+    del spike
+    import resource  # the largest finished child's peak is added, as it was
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    assert bench(ds, batch_size=100).peak_rss_mib < before + children + 300
+
+
 def test_bench_stops_after_max_batches(make_dataset, capsys) -> None:
     code, out, _ = run(capsys, "bench", make_dataset(1000), "--batch-size", "100",
                        "--max-batches", "3", "--num-workers", "0", "--no-progress")
