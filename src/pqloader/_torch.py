@@ -301,10 +301,13 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         return self
 
     def set_epoch(self, epoch: int, start: int = 0, *, num_workers: int | None = None) -> None:
-        """The epoch of the next iteration, and when resuming, the batches of it to skip:
+        """The epoch of the next iterations, and when resuming, the batches of it to skip:
         ``start``, those torch's ``DataLoader`` yielded with ``num_workers`` workers (the
         plan deals batches to workers: another count would repeat and lose rows, so it is
-        refused; ``pqloader.DataLoader``'s ``state_dict`` resumes under any)."""
+        refused; ``pqloader.DataLoader``'s ``state_dict`` resumes under any). Both hold for
+        every pass until the next call (a second pass without one skips the same batches
+        again: torch's workers share no end of a pass to clear it), so call it at each
+        epoch, as with torch's ``DistributedSampler``."""
         check_positive("epoch", epoch, allow_zero=True)
         check_positive("start", start, allow_zero=True)
         batches = self._planner.remaining(epoch)
