@@ -191,7 +191,7 @@ def _widened(schemas: list[tuple[str, pa.Schema]], schema: pa.Schema, files: int
     if len(schemas) != files or all(s.equals(schemas[0][1]) for _, s in schemas[1:]):
         return [{}] * files  # one schema (a manifest's, or every file's alike): none widened
     numbers = [f for f in schema if common_number(f.type, f.type) is not None
-               or f.type.num_fields == 1]  # (lists of numbers)
+               or f.type.num_fields]  # (lists, structs and maps of numbers)
     out: list[dict[str, float]] = []
     for _, file_schema_ in schemas:
         ratios = {}

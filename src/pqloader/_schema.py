@@ -204,18 +204,21 @@ def field_index(schema: pa.Schema, name: str, path: str) -> int:
 
 
 def typed_first(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
-    """The first file's schema, each column typed ``null`` there taking the first type another
-    file gives it (what a filter is checked against: a null column has no kernels, and hides
-    that its values are floats)."""
+    """The first file's schema, each column in the type the files it is in unify to (what a
+    filter is checked against): a column typed ``null`` there takes the others' type (a null
+    column has no kernels, and hides that its values are floats), a float16 one the float32
+    of another file (``x > 1`` has no float16 kernel: the filter was refused, or not, by the
+    files' order; found in review). A type :func:`same_type` refuses is left as it is: the
+    unification names it."""
     first = schemas[0][1]
+    if all(s.equals(first) for _, s in schemas[1:]):
+        return first
     fields = []
     for field in first:
-        if pa.types.is_null(field.type):
-            for _, schema in schemas[1:]:
-                i = schema.get_field_index(field.name)
-                if i >= 0 and not pa.types.is_null(schema.field(i).type):
-                    field = field.with_type(schema.field(i).type)
-                    break
+        for _, schema in schemas[1:]:
+            i = schema.get_field_index(field.name)
+            if i >= 0 and same_type(field.type, (other := schema.field(i).type)):
+                field = field.with_type(looser(field.type, other))
         fields.append(field)
     return pa.schema(fields)
 

@@ -48,16 +48,25 @@ def widened_bytes(dataset: pa.DataType, file: pa.DataType) -> float:
     """How many times the bytes a file's footer gives a column of numbers (``_sizes``: 4 a
     value up to 32 bits, 2 for float16) its values take in the dataset's wider type: 2.0 for
     an int32 column read as int64, 1.0 where nothing is widened (an int8 read as int16 still
-    fits the 4 bytes estimated)."""
+    fits the 4 bytes estimated). Nested types (lists, structs, maps) by their numbers' bytes
+    together: the other leaves' bytes are not known here, so a struct of an int32 and a
+    string counts as if all int32 (more, never less)."""
     if dataset.equals(file):
         return 1.0
-    if (pa.types.is_list(dataset) or pa.types.is_large_list(dataset)
-            or pa.types.is_fixed_size_list(dataset)) and file.num_fields == 1:
-        return widened_bytes(dataset.value_type, file.value_type)
-    if common_number(dataset, file) is None:
-        return 1.0
-    stored = 16 if file.equals(pa.float16()) else max(32, file.bit_width)
-    return max(1.0, float(dataset.bit_width / stored))
+    wide, stored = _leaf_bits(dataset, file)
+    return max(1.0, wide / stored) if stored else 1.0
+
+
+def _leaf_bits(dataset: pa.DataType, file: pa.DataType) -> tuple[float, float]:
+    """The bits a value of each number leaf takes in the dataset's type and as stored."""
+    if common_number(dataset, file) is not None:
+        return float(dataset.bit_width), float(
+            16 if file.equals(pa.float16()) else max(32, file.bit_width))
+    if dataset.num_fields and dataset.num_fields == file.num_fields:
+        pairs = [_leaf_bits(dataset.field(i).type, file.field(i).type)
+                 for i in range(dataset.num_fields)]
+        return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    return 0.0, 0.0
 
 
 def fits(dataset: pa.DataType, file: pa.DataType) -> bool:
