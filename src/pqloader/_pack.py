@@ -55,15 +55,15 @@ def _pickled(rest: dict[str, Any]) -> bytes:
     try:
         return _dumps(rest, _Sending)
     except Exception as exc:
-        key = next((k for k, v in rest.items() if not _pickles(v)), None)
+        key = next((k for k, v in rest.items() if not _pickles(v, _Sending)), None)
         raise TypeError(f"the batch's {key!r} cannot be sent from a worker process ({exc}); "
                         "return picklable values from transform, or use thread workers"
                         ) from exc
 
 
-def _pickles(value: Any) -> bool:
+def _pickles(value: Any, pickler: type[pickle.Pickler]) -> bool:
     try:
-        _dumps(value, _Sending)
+        _dumps(value, pickler)
     except Exception:
         return False
     return True
@@ -187,18 +187,10 @@ def _probe(batch: Any) -> None:
     except Exception as exc:
         parts = batch.items() if isinstance(batch, Mapping) else \
             enumerate(batch) if isinstance(batch, (list, tuple)) else ()
-        where = next((f" (its {k!r})" for k, v in parts if not _probes(v)), "")
+        where = next((f" (its {k!r})" for k, v in parts if not _pickles(v, _Probe)), "")
         raise TypeError(f"the batch{where} cannot be sent from a worker process ({exc}); "
                         "return picklable values from transform, or use thread workers"
                         ) from exc
-
-
-def _probes(value: Any) -> bool:
-    try:
-        _dumps(value, _Probe)
-    except Exception:
-        return False
-    return True
 
 
 _ARROW = (pa.RecordBatch, pa.Table, pa.Array, pa.ChunkedArray)
