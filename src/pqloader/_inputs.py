@@ -5,9 +5,7 @@ the rows and the column."""
 
 from __future__ import annotations
 
-import datetime
 import itertools
-import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -15,127 +13,8 @@ import pyarrow as pa
 
 from ._casts import cast_exactly, keeps_values, same_values
 from ._errors import DataError, InvalidArgumentError
-from ._schema import holds
-
-_UNNAMED_INDEX = re.compile(r"__index_level_\d+__")
-
-
-def _pandas_error(df: Any, exc: Exception, where: str) -> DataError:
-    """``exc`` from pyarrow's pandas conversion as a DataError naming the column at fault."""
-    said = [m for a in exc.args[1:] if isinstance(a, str)
-            and (m := re.fullmatch(r"Conversion failed for column (.*) with type (\S+)", a))]
-    if said:
-        column = f", column {said[0][1]!r} ({said[0][2]})"
-    else:  # Schema.from_pandas does not say which column: find it, on this error path only
-        def fails(name: Any) -> bool:
-            try:
-                pa.Schema.from_pandas(df[[name]], preserve_index=False)
-            except (ValueError, TypeError, OverflowError, pa.ArrowNotImplementedError):
-                return True
-            return False
-
-        bad = next((n for n in df.columns if fails(n)), None) if df.columns.is_unique else None
-        column = "" if bad is None else f", column {bad!r}"
-    return DataError(f"{where}{column}: {exc.args[0] if exc.args else exc}; give each column "
-                     "one type and a unique name (e.g. df[col].astype(str)), or write a "
-                     "pyarrow Table with an explicit schema")
-
-
-def _pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    # Column names that are not str (pd.DataFrame(array) names them 0, 1, ...): the schema
-    # names them as str, and each chunk's columns must be named so for pyarrow to find them
-    names = [str(n) for n in df.columns]
-    renamed = any(not isinstance(n, str) for n in df.columns)
-    if renamed and len(set(names)) != len(names):
-        raise DataError(f"the DataFrame's column names {list(df.columns)} are the same once "
-                        "written as text (Parquet names are text); rename them apart")
-    # A named index level (df.set_index("user_id"), a MultiIndex's named levels) is data:
-    # it becomes a column. An unnamed one (what df[df.x > 0] leaves) is a position, not
-    # data: pandas' to_parquet would write it as "__index_level_0__", a column in every
-    # batch that nobody asked for; it is left out.
-    try:
-        schema = pa.Schema.from_pandas(df, preserve_index=True)
-    except (ValueError, TypeError, OverflowError, pa.ArrowNotImplementedError) as exc:
-        raise _pandas_error(df, exc, "the DataFrame") from exc
-    # pandas' metadata kept: read_parquet gives back the dtypes (Int64, boolean, categories)
-    # and the named index; it reads files whose metadata names the unnamed level left out
-    schema = pa.schema([f for f in schema if not _UNNAMED_INDEX.fullmatch(f.name)],
-                       metadata=schema.metadata)
-    # Python values of kinds pyarrow's guess may change (dates beside datetimes, naive beside
-    # aware, bytes beside str), in object columns, categories or named index levels: checked
-    # as rows of dicts are
-    guessed = [(source, name) for name, source in _untyped(df).items()
-               if name in schema.names and holds(schema.field(name).type, _is_guessed)]
-    # whether each holds values of one kind, over the whole frame: its type was guessed from
-    # the whole frame, so a chunk of one kind may still be of another than the type's (dates,
-    # then a chunk of datetimes, lost their time; found in review)
-    uniform = {name: _one_kind_each(_kinds_of(df, source)) for source, name in guessed}
-
-    def gen() -> Iterator[pa.RecordBatch]:
-        for start in range(0, len(df), chunk_rows):
-            chunk = df.iloc[start:start + chunk_rows]
-            if renamed:
-                chunk.columns = names  # (iloc made a new frame: df keeps its names)
-            where = f"DataFrame rows {start}..{start + len(chunk) - 1}"
-            try:
-                table = pa.Table.from_pandas(chunk, schema=schema, preserve_index=True)
-            except (ValueError, TypeError, OverflowError, pa.ArrowNotImplementedError) as exc:
-                raise _pandas_error(chunk, exc, where) from exc
-            for source, name in guessed:
-                if uniform[name]:
-                    continue
-                values = _python_values(chunk, source)
-                if not guess_kept(values, table.column(name), uniform=False):
-                    what = "column" if source[0] == "column" else "index level"
-                    raise DataError(
-                        f"{where}, {what} {name!r}: pyarrow would write its values "
-                        f"({_kinds(values)}) as {table.column(name).type}, changing some; "
-                        "make them one kind that it keeps (e.g. df[col] = "
-                        "pd.to_datetime(df[col]) for dates and times), or write a pyarrow "
-                        "Table with an explicit schema")
-            yield from table.to_batches()
-
-    return schema, gen()
-
-
-def _untyped(df: Any) -> dict[str, tuple[str, int]]:
-    """The columns and named index levels of ``df`` that hold Python objects (object dtype,
-    or a categorical's object categories), by name: ``("column", i)`` or ``("index", i)``."""
-    def untyped(dtype: Any) -> bool:
-        if getattr(dtype, "name", None) == "category":
-            return str(dtype.categories.dtype) == "object"
-        return str(dtype) == "object"
-
-    found: dict[str, tuple[str, int]] = {}
-    if df.columns.is_unique:
-        for i, dtype in enumerate(df.dtypes):
-            if untyped(dtype):
-                found[str(df.columns[i])] = ("column", i)
-    for i, name in enumerate(df.index.names):
-        if name is not None and str(name) not in found \
-                and untyped(df.index.get_level_values(i).dtype):
-            found[str(name)] = ("index", i)
-    return found
-
-
-def _kinds_of(df: Any, source: tuple[str, int]) -> list[Any]:
-    """Values of a column or index level (``source``) with every kind it holds: a
-    categorical's categories stand for its values."""
-    kind, i = source
-    values = df.iloc[:, i] if kind == "column" else df.index.get_level_values(i)
-    if getattr(values.dtype, "name", None) == "category":
-        return list(values.dtype.categories)
-    return _python_values(df, source)
-
-
-def _python_values(chunk: Any, source: tuple[str, int]) -> list[Any]:
-    """The values of a column or index level (``source``) as Python objects, pandas'
-    missing values (NaN, NaT, pd.NA) as None."""
-    kind, i = source
-    values = chunk.iloc[:, i] if kind == "column" \
-        else chunk.index.get_level_values(i).to_series()
-    values = values.astype(object)  # a categorical's values, not its codes
-    return list(values.where(values.notna(), None).tolist())
+from ._mixed import guess_kept, kinds_said
+from ._pandas import pandas_batches
 
 
 def _check_keys(chunk: list[Any], names: frozenset[str], first_row: int,
@@ -182,7 +61,7 @@ def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
             if not guess_kept(values, column):
                 raise DataError(
                     f"rows 0..{len(head) - 1}, column {name!r}: pyarrow would write its values "
-                    f"({_kinds(values)}) as {column.type}, changing some; make them one kind "
+                    f"({kinds_said(values)}) as {column.type}, changing some; make them one kind "
                     "that it keeps, or give write_dataset a schema=")
         schema = inferred_head.schema
     source = "given by schema=" if given is not None else (
@@ -248,7 +127,7 @@ def _column(chunk: list[dict[str, Any]], field: pa.Field,
         column = None  # no one type holds them as they are (ints past int64)
     if column is not None and column.type == field.type:
         if not guess_kept(values(), column):  # (pyarrow's guess: a date for a datetime)
-            raise pa.ArrowInvalid(f"pyarrow's guess changes its values ({_kinds(values())})")
+            raise pa.ArrowInvalid(f"pyarrow's guess changes its values ({kinds_said(values())})")
         return column
     if column is not None and keeps_values(column.type, field.type):
         if not pa.types.is_null(column.type):  # only None: any type holds it
@@ -263,79 +142,6 @@ def _column(chunk: list[dict[str, Any]], field: pa.Field,
         kind = "values" if column is None else f"{column.type} values"
         raise pa.ArrowInvalid(f"its {kind} would not stay the same as {field.type}")
     return typed
-
-
-# Types pyarrow guesses from mixed Python values by changing some: a datetime among dates
-# loses its time of day, a naive one among aware ones is taken for UTC (and the reverse drops
-# the zone), a str among bytes becomes bytes, an int among timedeltas microseconds. (It
-# refuses an int past 2**53 among floats itself.)
-_GUESSED = (pa.types.is_date, pa.types.is_timestamp, pa.types.is_time, pa.types.is_duration,
-            pa.types.is_binary, pa.types.is_large_binary)
-
-
-def _is_guessed(t: pa.DataType) -> bool:
-    return any(test(t) for test in _GUESSED)
-
-
-def guess_kept(values: list[Any], column: pa.Array | pa.ChunkedArray, *,
-               uniform: bool | None = None) -> bool:
-    """Whether ``column``, pyarrow's conversion of Python ``values``, holds those values.
-    ``uniform``: whether the values its type was guessed from were of one kind (None: these
-    values are those)."""
-    if not holds(column.type, _is_guessed):
-        return True
-    if _one_kind_each(values) if uniform is None else uniform:  # nothing mixed to change:
-        return True  # 7x cheaper than comparing them
-    return same_values(values, column.to_pylist(), column.type)
-
-
-def _one_kind_each(values: list[Any]) -> bool:
-    """Whether the values at each place (top level, a struct's field, a list's items) are of
-    one kind (type, and naive or aware), none of those pyarrow changes alone (a pandas
-    Timestamp's nanoseconds, an aware time's zone)."""
-    kinds = set(map(type, values))
-    kinds.discard(type(None))
-    if not any(issubclass(k, (dict, list, tuple)) for k in kinds):  # flat: the common case
-        if len(kinds) != 1 or not hasattr(next(iter(kinds)), "tzinfo"):
-            return len(kinds) <= 1  # dates, bytes, timedeltas: no zone, nothing else to lose
-        kind, present = next(iter(kinds)), [v for v in values if v is not None]
-        zones = {v.tzinfo is None for v in present}
-        if issubclass(kind, datetime.time):
-            return zones == {True}  # an aware time loses its zone
-        if hasattr(kind, "nanosecond"):  # pandas Timestamps: written in microseconds
-            return len(zones) == 1 and not any(v.nanosecond for v in present)
-        return len(zones) == 1
-    seen: dict[tuple[Any, ...], tuple[type, bool]] = {}
-    stack: list[tuple[tuple[Any, ...], Any]] = [((), v) for v in values]
-    while stack:
-        place, v = stack.pop()
-        if v is None:
-            continue
-        if isinstance(v, dict):
-            stack.extend(((*place, k), x) for k, x in v.items())
-        elif isinstance(v, (list, tuple)):
-            stack.extend(((*place, None), x) for x in v)
-        else:
-            leaf = (type(v), getattr(v, "tzinfo", None) is None)
-            if _alone_changed(v) or seen.setdefault(place, leaf) != leaf:
-                return False
-    return True
-
-
-def _alone_changed(v: Any) -> bool:
-    """A value pyarrow changes even among its own kind: a pandas Timestamp's nanoseconds
-    (written in microseconds), an aware time of day (Arrow's times have no zone)."""
-    return bool(getattr(v, "nanosecond", 0)) or (
-        isinstance(v, datetime.time) and v.tzinfo is not None)
-
-
-def _kinds(values: list[Any]) -> str:
-    kinds = []
-    for v in values:
-        kind = type(v).__name__ + (" with a time zone" if getattr(v, "tzinfo", None) else "")
-        if v is not None and kind not in kinds:
-            kinds.append(kind)
-    return ", ".join(kinds)
 
 
 def _which(rows: list[dict[str, Any]]) -> str:
@@ -379,7 +185,7 @@ def _as_batches(
         return data.schema, iter(data), None
     module = type(data).__module__.split(".")[0]
     if module == "pandas":
-        schema, batches = _pandas_batches(data, chunk_rows)
+        schema, batches = pandas_batches(data, chunk_rows)
         return schema, batches, len(data)
     if module == "polars" and hasattr(data, "to_arrow"):
         return _as_batches(data.to_arrow(), chunk_rows, given)

@@ -1,0 +1,86 @@
+"""Python values of mixed kinds, which pyarrow's guess of one type from them would change: a
+datetime among dates loses its time, a naive one among aware ones is taken for UTC, a str among
+bytes becomes bytes. Checked for rows of dicts (``_inputs.py``) and pandas' object columns
+(``_pandas.py``) alike."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from ._casts import same_values
+from ._schema import holds
+
+# Types pyarrow guesses from mixed Python values by changing some: a datetime among dates
+# loses its time of day, a naive one among aware ones is taken for UTC (and the reverse drops
+# the zone), a str among bytes becomes bytes, an int among timedeltas microseconds. (It
+# refuses an int past 2**53 among floats itself.)
+_GUESSED = (pa.types.is_date, pa.types.is_timestamp, pa.types.is_time, pa.types.is_duration,
+            pa.types.is_binary, pa.types.is_large_binary)
+
+
+def is_guessed(t: pa.DataType) -> bool:
+    return any(test(t) for test in _GUESSED)
+
+
+def guess_kept(values: list[Any], column: pa.Array | pa.ChunkedArray, *,
+               uniform: bool | None = None) -> bool:
+    """Whether ``column``, pyarrow's conversion of Python ``values``, holds those values.
+    ``uniform``: whether the values its type was guessed from were of one kind (None: these
+    values are those)."""
+    if not holds(column.type, is_guessed):
+        return True
+    if one_kind_each(values) if uniform is None else uniform:  # nothing mixed to change:
+        return True  # 7x cheaper than comparing them
+    return same_values(values, column.to_pylist(), column.type)
+
+
+def one_kind_each(values: list[Any]) -> bool:
+    """Whether the values at each place (top level, a struct's field, a list's items) are of
+    one kind (type, and naive or aware), none of those pyarrow changes alone (a pandas
+    Timestamp's nanoseconds, an aware time's zone)."""
+    kinds = set(map(type, values))
+    kinds.discard(type(None))
+    if not any(issubclass(k, (dict, list, tuple)) for k in kinds):  # flat: the common case
+        if len(kinds) != 1 or not hasattr(next(iter(kinds)), "tzinfo"):
+            return len(kinds) <= 1  # dates, bytes, timedeltas: no zone, nothing else to lose
+        kind, present = next(iter(kinds)), [v for v in values if v is not None]
+        zones = {v.tzinfo is None for v in present}
+        if issubclass(kind, datetime.time):
+            return zones == {True}  # an aware time loses its zone
+        if hasattr(kind, "nanosecond"):  # pandas Timestamps: written in microseconds
+            return len(zones) == 1 and not any(v.nanosecond for v in present)
+        return len(zones) == 1
+    seen: dict[tuple[Any, ...], tuple[type, bool]] = {}
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), v) for v in values]
+    while stack:
+        place, v = stack.pop()
+        if v is None:
+            continue
+        if isinstance(v, dict):
+            stack.extend(((*place, k), x) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(((*place, None), x) for x in v)
+        else:
+            leaf = (type(v), getattr(v, "tzinfo", None) is None)
+            if _alone_changed(v) or seen.setdefault(place, leaf) != leaf:
+                return False
+    return True
+
+
+def _alone_changed(v: Any) -> bool:
+    """A value pyarrow changes even among its own kind: a pandas Timestamp's nanoseconds
+    (written in microseconds), an aware time of day (Arrow's times have no zone)."""
+    return bool(getattr(v, "nanosecond", 0)) or (
+        isinstance(v, datetime.time) and v.tzinfo is not None)
+
+
+def kinds_said(values: list[Any]) -> str:
+    kinds = []
+    for v in values:
+        kind = type(v).__name__ + (" with a time zone" if getattr(v, "tzinfo", None) else "")
+        if v is not None and kind not in kinds:
+            kinds.append(kind)
+    return ", ".join(kinds)
