@@ -118,8 +118,7 @@ def _untyped(df: Any) -> dict[str, tuple[str, int]]:
 def _kinds_of(df: Any, source: tuple[str, int]) -> list[Any]:
     """Values of a column or index level (``source``) with every kind it holds: a
     categorical's categories stand for its values."""
-    kind, i = source
-    values = df.iloc[:, i] if kind == "column" else df.index.get_level_values(i)
+    values = _series(df, source)
     if getattr(values.dtype, "name", None) == "category":
         return list(values.dtype.categories)
     return _python_values(df, source)
@@ -128,8 +127,11 @@ def _kinds_of(df: Any, source: tuple[str, int]) -> list[Any]:
 def _python_values(chunk: Any, source: tuple[str, int]) -> list[Any]:
     """The values of a column or index level (``source``) as Python objects, pandas'
     missing values (NaN, NaT, pd.NA) as None."""
-    kind, i = source
-    values = chunk.iloc[:, i] if kind == "column" \
-        else chunk.index.get_level_values(i).to_series()
-    values = values.astype(object)  # a categorical's values, not its codes
+    values = _series(chunk, source).astype(object)  # a categorical's values, not its codes
     return list(values.where(values.notna(), None).tolist())
+
+
+def _series(df: Any, source: tuple[str, int]) -> Any:
+    """Column ``i`` (``("column", i)``) or index level ``i`` (``("index", i)``) as a Series."""
+    kind, i = source
+    return df.iloc[:, i] if kind == "column" else df.index.get_level_values(i).to_series()
