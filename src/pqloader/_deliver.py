@@ -20,6 +20,7 @@ from typing import Any
 
 from ._config import START_GRACE_S
 from ._errors import LoaderTimeoutError
+from ._memory import nbytes
 from ._threads import close_at_exit, track
 
 _POLL_S = 0.1  # how often blocked threads look at the stop flag and at dead peers
@@ -45,13 +46,16 @@ class Delivery:
             (0: forever), counted once every thread's ``worker_init_fn`` has returned (those
             may take ``START_GRACE_S`` more).
         where: describes the rank and epoch in error notes.
+        room: whether the memory budget has room for this many more bytes: a batch is made
+            ahead of the caller's only while the largest made so far fits; the one the
+            caller waits for is made anyway (the least that progresses).
     """
 
     def __init__(self, streams: Sequence[Iterator[Any]], *, start: int, stop: int, depth: int,
                  threads: int, max_threads: int, finish: Callable[[Any], Any],
                  caller_helps: bool = False,
                  worker_init_fn: Callable[[int], Any] | None = None, timeout_s: float = 0.0,
-                 where: str = "") -> None:
+                 where: str = "", room: Callable[[int], bool] | None = None) -> None:
         self._streams = list(streams)
         n = len(self._streams)
         self._next = [start + (s - start) % n for s in range(n)]  # each stream's next batch
@@ -66,6 +70,8 @@ class Delivery:
         self._init = worker_init_fn
         self._timeout_s = timeout_s
         self._where = where
+        self._room = room
+        self._largest = 0  # bytes of the largest batch made so far (counted with a budget)
         # One lock, three queues of waiters, so that a change wakes only who it concerns
         # (a notify_all on one condition woke every thread and the caller). Measured within
         # noise on W2 with 2 threads: most context switches there are GIL hand-offs.
@@ -120,7 +126,8 @@ class Delivery:
     # -- the threads ------------------------------------------------------------------------
     def _claim(self) -> int | None:
         """The free stream whose next batch is due first and within depth (lock held)."""
-        limit = min(self._stop, self._waiting_for + self._depth)
+        ahead = self._depth if self._room is None or self._room(self._largest) else 1
+        limit = min(self._stop, self._waiting_for + ahead)
         best = None
         for s, k in enumerate(self._next):
             if not self._busy[s] and k < limit and (best is None or k < self._next[best]):
@@ -131,7 +138,11 @@ class Delivery:
         """Advance stream ``s`` by one batch (lock not held) and post it."""
         k = self._next[s]
         try:
-            item: Item = ("batch", self._finish(next(self._streams[s])))
+            batch = self._finish(next(self._streams[s]))
+            if self._room is not None:
+                self._largest = max(self._largest, nbytes(batch))
+            item: Item = ("batch", batch)
+            del batch
         except StopIteration:
             item = ("error", RuntimeError(f"pqloader worker stream {s} ended before batch {k}; "
                                           "this is a bug in pqloader, please report it"))

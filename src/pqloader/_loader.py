@@ -81,11 +81,14 @@ class DataLoader:
             Shuffle windows are sized to fit (smaller windows mix less) the windows held at
             once, which grow with the workers (with ``"auto"``, one per core read ahead): the
             order then depends on ``num_workers`` and, for ``"auto"``, on the machine's
-            cores. A worker reads ahead only while the real RSS leaves room, and makes at
-            most a window's rows of batches ahead (fewer than ``prefetch_factor`` asks for,
-            when it asks for more). Memory the training step allocates meanwhile counts too:
-            leave it room. Too small a budget for one row group per window raises
-            :class:`pqloader.InvalidArgumentError`.
+            cores. A worker reads a window ahead only while the real RSS leaves room for its
+            row groups, and makes a batch ahead only while it leaves room for the largest
+            batch so far, at most a window's rows of them (fewer than ``prefetch_factor``
+            asks for, when it asks for more). Memory the training step allocates meanwhile
+            counts too: leave it room. Too small a budget for one row group per window raises
+            :class:`pqloader.InvalidArgumentError`; a ``RuntimeWarning`` says when what the
+            loader needs to progress (a large ``batch_size`` of heavy rows, list columns
+            padded to each batch's longest row) passes 1.1x the budget.
         audit_dir: record the rows of every batch yielded, in a file per process in this
             folder, for :func:`pqloader.audit` (``pqloader audit DIR``) to check that an epoch
             saw every row exactly once, across ranks, workers and restarts.
@@ -367,6 +370,7 @@ class DataLoader:
             caller_helps=tuner is not None and not self.workers.timeout,
             worker_init_fn=self._thread_init, timeout_s=self.workers.timeout,
             where=f"rank {self.config.world.rank}, epoch {epoch}",
+            room=None if (memory := self._planner.stages.memory) is None else memory.room,
         )
         if tuner is not None:
             tuner.restart_interval()

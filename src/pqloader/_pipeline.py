@@ -94,7 +94,6 @@ class Stages:
     collate_fn: Callable[[pa.RecordBatch], Any] | None = None
     audit: bool = False  # carry each batch's global row numbers beside it
     memory: MemoryBudget | None = None  # memory_budget_bytes, held while reading ahead
-    window_bytes: int = 0  # a window's decoded bytes, estimated (its read needs about twice)
     timeout_s: float = 0.0  # the loader's timeout: the longest wait for a window read (0: none)
     window_rows: int = 0  # the plan's window size: larger (older) windows are read in parts
 
@@ -107,6 +106,20 @@ class Stages:
     def rng_keyword(self) -> str | None:
         """The keyword the generator goes to, where it goes by keyword."""
         return transform_rng_keyword(self.transform)
+
+    def need_bytes(self, segment: Segment) -> int:
+        """What reading ``segment`` adds to memory at its peak: its row groups decoded whole
+        (a read holds each, also the rows a slice or a filter then leaves), and the permuted
+        copy of the segment's rows. Counted from each row group's own bytes: a window of a
+        dataset's heaviest rows (texts in some files, labels in others) needs many times what
+        the mean row says, and read ahead by that estimate it passed the budget."""
+        d = self.reader.discovery
+        slices = segment.window.slices
+        fragments = [s.fragment for s in slices]
+        held = int(d.held()[fragments].sum())
+        rows = np.array([s.num_rows for s in slices])
+        kept = float((d.byte_size[fragments] * rows / np.maximum(d.num_rows[fragments], 1)).sum())
+        return held + int(kept * segment.num_rows / max(1, segment.window.num_rows))
 
     def load(self, segment: Segment) -> _Loaded:
         """Read a segment's window, permute it, keep the segment's rows."""
@@ -244,7 +257,8 @@ def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int]) -> Iterator[Columns]:
 
 
 def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
-               memory: MemoryBudget | None = None, need_bytes: int = 0,
+               memory: MemoryBudget | None = None,
+               need_bytes: Callable[[Segment], int] = lambda segment: 0,
                ahead: int = 1, timeout_s: float = 0.0,
                describe: Callable[[Segment], str] | None = None) -> Iterator[_Loaded]:
     """Load segments in order, the next ``ahead`` on helper threads while one is consumed.
@@ -252,8 +266,8 @@ def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
     Without it a worker stalls for a whole window load every window, and the round-robin
     delivery waits on it while the other workers sit on full queues. Costs ``ahead`` windows
     of memory per worker. With a ``memory`` budget, a read ahead starts only once
-    ``need_bytes`` fit in it, or once its window is needed, whichever comes first. A load not
-    done ``timeout_s`` after it is needed raises :class:`LoaderTimeoutError`: with
+    ``need_bytes(segment)`` fit in it, or once its window is needed, whichever comes first.
+    A load not done ``timeout_s`` after it is needed raises :class:`LoaderTimeoutError`: with
     ``num_workers`` 0 or ``"auto"`` the caller itself waits here, where no other timeout runs.
     """
     if not windows:
@@ -264,7 +278,7 @@ def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
 
     def early(segment: Segment, needed: threading.Event) -> _Loaded:
         if memory is not None:
-            memory.wait_for_room(need_bytes, needed, EXITING)
+            memory.wait_for_room(need_bytes(segment), needed, EXITING)
         if EXITING.is_set():  # an abandoned iterator's read ahead: nobody will take it
             raise RuntimeError("the interpreter is exiting")
         return load(segment)
@@ -311,7 +325,7 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
     """
     segments = _bounded(advance(plan.segments, sum(plan.batch_sizes[:skip])),
                         stages.window_rows)
-    batches = _cut(read_ahead(stages.load, segments, stages.memory, 2 * stages.window_bytes,
+    batches = _cut(read_ahead(stages.load, segments, stages.memory, stages.need_bytes,
                               ahead, stages.timeout_s, lambda seg: stages.describe(seg.window)),
                    plan.batch_sizes[skip:])
     yield from zip(plan.positions[skip:], batches, strict=True)
@@ -369,6 +383,8 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
             exc.add_note(f"in pqloader transform, batch {position} of rank {rank}, "
                          f"epoch {epoch}")
             raise
+    if stages.memory is not None:
+        stages.memory.watch()  # warns once the budget is passed: batches may do that alone
     return batch if rows is None else (batch, rows)
 
 

@@ -95,8 +95,7 @@ class Planner:
             memory = MemoryBudget(config.memory_budget_bytes)
             check_room(dataset, config, streams)
         self.stages = Stages(dataset.reader, kinds, config.seed, config.transform,
-                             config.collate_fn, audit, memory, self._window_bytes(), timeout_s,
-                             self.window_rows)
+                             config.collate_fn, audit, memory, timeout_s, self.window_rows)
         self.fingerprint = fingerprint(d)
         # (epoch, chain): that epoch's plan is what the chain's plan left (see _state.Cursor)
         self.origin: tuple[int, Mapping[str, Any]] | None = None
@@ -105,10 +104,6 @@ class Planner:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_levels": {}}  # plans are remade where needed, not shipped
 
-    def _window_bytes(self) -> int:
-        d = self.dataset._discovery
-        return int(self.window_rows * bytes_per_row(d.num_rows, d.byte_size))
-
     def adopt_window_rows(self, rows: int) -> bool:
         """Take a saved state's window size when this one was chosen automatically (and
         ``rows`` fits the memory budget, if any), so that the state resumes exactly: the
@@ -116,8 +111,7 @@ class Planner:
         if not self.would_adopt(rows):
             return False
         self.window_rows = rows
-        self.stages = dataclasses.replace(self.stages, window_bytes=self._window_bytes(),
-                                          window_rows=rows)
+        self.stages = dataclasses.replace(self.stages, window_rows=rows)
         return True
 
     def would_adopt(self, rows: int) -> bool:

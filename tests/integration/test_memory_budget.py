@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -235,3 +236,63 @@ def test_files_of_heavy_and_light_rows_stay_in_the_budget(tmp_path: Path) -> Non
     assert added <= budget, f"added {added / MIB:.0f} MiB over {budget / MIB:.0f} MiB"
     assert np.array_equal(np.sort(ids), np.arange(1_006_400))
 
+
+
+def _heavy_beside_light(tmp_path: Path) -> pqloader.ParquetDataset:
+    """Labels in one folder, 4 KiB texts in another: the mean row is ~70 bytes."""
+    light = pa.table({"id": np.arange(400_000), "text": pa.array([""] * 400_000)})
+    pqloader.write_dataset(light, tmp_path / "light", row_group_size=65_536)
+    heavy = pa.table({"id": np.arange(400_000, 406_000),
+                      "text": pa.array([f"{i:08d}" + "y" * 4_088 for i in range(6_000)])})
+    pqloader.write_dataset(heavy, tmp_path / "heavy", row_group_size=500, compression="zstd")
+    return pqloader.ParquetDataset([tmp_path / "light", tmp_path / "heavy"])
+
+
+def test_a_budget_its_padded_batches_pass_is_warned_of(tmp_path: Path) -> None:
+    """Token lists of 1 beside a few of 2,000: nearly every shuffled batch of 8,192 rows pads
+    to 2,000, 64 MiB a batch, which no window size can help; the loader passed its budget
+    silently."""
+    short = pa.ListArray.from_arrays(np.arange(400_001, dtype=np.int32),
+                                     np.ones(400_000, np.int32))
+    pqloader.write_dataset(pa.table({"id": np.arange(400_000), "tokens": short}),
+                           tmp_path / "short", row_group_size=50_000)
+    long = pa.ListArray.from_arrays(np.arange(0, 2_000 * 200 + 1, 2_000, dtype=np.int32),
+                                    np.ones(2_000 * 200, np.int32))
+    pqloader.write_dataset(pa.table({"id": np.arange(400_000, 400_200), "tokens": long}),
+                           tmp_path / "long", row_group_size=25)
+    ds = pqloader.ParquetDataset([tmp_path / "short", tmp_path / "long"])
+    loader = pqloader.DataLoader(ds, batch_size=8192, shuffle=True, num_workers=0,
+                                 memory_budget_bytes=80 * MIB)
+    with pytest.warns(RuntimeWarning, match="memory_budget_bytes=83,886,080"):
+        rows = sum(len(batch["id"]) for batch in loader)
+    assert rows == 400_200
+
+
+def test_a_read_ahead_waits_for_its_own_row_groups_bytes(tmp_path: Path) -> None:
+    """Each window's read is counted by its row groups, not the mean row (20x less here)."""
+    from pqloader._plan import Segment, Slice, Window
+
+    ds = _heavy_beside_light(tmp_path)
+    d = ds._discovery
+    stages = pqloader.DataLoader(ds, batch_size=64, num_workers=0,
+                                 memory_budget_bytes=64 * MIB)._planner.stages
+    heavy = int(np.argmax(d.byte_size / d.num_rows))
+    n = int(d.num_rows[heavy])
+    whole = Segment(Window((Slice(heavy, 0, n),), key=(0,)), 0, n)
+    assert stages.need_bytes(whole) == 2 * int(d.held()[heavy])  # decoded, then permuted
+    half = Segment(Window((Slice(heavy, 0, n // 2),), key=(0,)), 0, n // 2)
+    assert stages.need_bytes(half) == int(d.held()[heavy]) + int(d.byte_size[heavy]) // 2
+
+
+def test_a_budget_passed_is_warned_of_once() -> None:
+    from pqloader._memory import MemoryBudget
+
+    budget = MemoryBudget(8 * MIB)
+    budget.start()
+    held = np.ones(32 * MIB, dtype=np.uint8)  # touched: resident
+    with pytest.warns(RuntimeWarning, match=r"x memory_budget_bytes=8,388,608"):
+        assert budget.used() >= 32 * MIB
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        budget.used()  # once
+    del held

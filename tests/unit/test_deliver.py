@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+import torch
 
 from pqloader import LoaderTimeoutError
 from pqloader._autotune import ThreadTuner
@@ -81,6 +82,30 @@ def test_depth_bounds_the_batches_made_ahead() -> None:
     assert d.get(0) == 0
     time.sleep(0.3)  # the threads make what depth allows, then wait for the caller
     assert max(made) <= 0 + 1 + 3
+    d.close()
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_under_a_spent_budget_only_the_callers_batch_is_made(room: bool) -> None:
+    made: list[int] = []
+    asked: list[int] = []
+    lock = threading.Lock()
+
+    def finish(b: int) -> torch.Tensor:
+        with lock:
+            made.append(b)
+        return torch.zeros(1000, dtype=torch.float32)  # 4,000 bytes
+
+    def has_room(need: int) -> bool:
+        asked.append(need)
+        return room
+
+    d = _deliver(_streams(2, 0, 50), 0, 50, depth=4, finish=finish, room=has_room)
+    d.get(0)
+    time.sleep(0.3)  # the threads make what the depth and the budget allow
+    with lock:
+        assert max(made) == (1 + 4 - 1 if room else 1)  # ahead, or the next one alone
+    assert 4000 in asked  # the largest batch made so far is what must fit
     d.close()
 
 

@@ -131,7 +131,7 @@ def test_read_ahead_under_a_budget_waits_for_room_past_the_first_window(ahead: i
             waited.append(needed.is_set())
 
     loads = read_ahead(lambda s: s, list(range(6)), memory=Budget(),  # type: ignore[arg-type]
-                       need_bytes=1, ahead=ahead)
+                       need_bytes=lambda segment: 1, ahead=ahead)
     for _ in loads:
         time.sleep(0.01)  # the reads ahead ask while the consumer holds a window
     assert waited[0] and not any(waited[1:])  # with one ahead, every read was "needed"
