@@ -20,7 +20,7 @@ from typing import Any
 
 from ._config import START_GRACE_S
 from ._errors import LoaderTimeoutError
-from ._memory import nbytes
+from ._memory import MemoryBudget, nbytes
 from ._threads import close_at_exit, track
 
 _POLL_S = 0.1  # how often blocked threads look at the stop flag and at dead peers
@@ -46,16 +46,16 @@ class Delivery:
             (0: forever), counted once every thread's ``worker_init_fn`` has returned (those
             may take ``START_GRACE_S`` more).
         where: describes the rank and epoch in error notes.
-        room: whether the memory budget has room for this many more bytes: a batch is made
-            ahead of the caller's only while the largest made so far fits; the one the
-            caller waits for is made anyway (the least that progresses).
+        memory: the loader's memory budget: a batch is made ahead of the caller's only while
+            the largest made so far fits in it (the one the caller waits for is made anyway:
+            the least that progresses), and reads ahead leave room for ``depth`` of them.
     """
 
     def __init__(self, streams: Sequence[Iterator[Any]], *, start: int, stop: int, depth: int,
                  threads: int, max_threads: int, finish: Callable[[Any], Any],
                  caller_helps: bool = False,
                  worker_init_fn: Callable[[int], Any] | None = None, timeout_s: float = 0.0,
-                 where: str = "", room: Callable[[int], bool] | None = None) -> None:
+                 where: str = "", memory: MemoryBudget | None = None) -> None:
         self._streams = list(streams)
         n = len(self._streams)
         self._next = [start + (s - start) % n for s in range(n)]  # each stream's next batch
@@ -70,7 +70,7 @@ class Delivery:
         self._init = worker_init_fn
         self._timeout_s = timeout_s
         self._where = where
-        self._room = room
+        self._memory = memory
         self._largest = 0  # bytes of the largest batch made so far (counted with a budget)
         # One lock, three queues of waiters, so that a change wakes only who it concerns
         # (a notify_all on one condition woke every thread and the caller). Measured within
@@ -126,7 +126,7 @@ class Delivery:
     # -- the threads ------------------------------------------------------------------------
     def _claim(self) -> int | None:
         """The free stream whose next batch is due first and within depth (lock held)."""
-        ahead = self._depth if self._room is None or self._room(self._largest) else 1
+        ahead = self._depth if self._memory is None or self._memory.room(self._largest) else 1
         limit = min(self._stop, self._waiting_for + ahead)
         best = None
         for s, k in enumerate(self._next):
@@ -139,8 +139,9 @@ class Delivery:
         k = self._next[s]
         try:
             batch = self._finish(next(self._streams[s]))
-            if self._room is not None:
-                self._largest = max(self._largest, nbytes(batch))
+            if self._memory is not None and (size := nbytes(batch)) > self._largest:
+                self._largest = size
+                self._memory.batches_ahead = size * self._depth
             item: Item = ("batch", batch)
             del batch
         except StopIteration:

@@ -370,7 +370,7 @@ class DataLoader:
             caller_helps=tuner is not None and not self.workers.timeout,
             worker_init_fn=self._thread_init, timeout_s=self.workers.timeout,
             where=f"rank {self.config.world.rank}, epoch {epoch}",
-            room=None if (memory := self._planner.stages.memory) is None else memory.room,
+            memory=self._planner.stages.memory,
         )
         if tuner is not None:
             tuner.restart_interval()

@@ -9,8 +9,9 @@ Two parts:
   which needs its Arrow table and its permuted copy), and one more is counted for slack.
 - **Holding** (:class:`MemoryBudget`): the real resident set (RSS, read from ``/proc``) is
   watched: a stream reads its next window ahead only while the process has room for that
-  window's own row groups (decoded, then permuted), a thread makes a batch ahead only while
-  it has room for the largest batch so far, and freed pages go back to the system (Arrow's
+  window's own row groups (decoded, then permuted) and for the batches that may be made
+  ahead, a thread makes a batch ahead only while it has room for the largest batch so far,
+  and freed pages go back to the system (Arrow's
   pool and glibc's heaps) when it has not. A window or batch the caller waits for is made
   anyway (the least memory that makes progress), so the budget slows a loader down and
   never stalls it; when that least passes the budget (a large batch of heavy rows, list
@@ -41,6 +42,7 @@ WINDOWS_PER_STREAM = 5  # windows a stream may hold at once, with one for slack 
 RESERVE_BYTES = 48 * 2**20  # for what is not windows: threads, batches, Arrow's pool slack
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _RECHECK_S = 0.01
+_FRESH_S = 0.002  # how old an RSS read room() may go by
 _OVER = 1.1  # the RSS past the budget that is warned of: forced progress passes it a little
 
 
@@ -113,6 +115,8 @@ class MemoryBudget:
         self._released = 0.0  # when room() last handed freed memory back
         self._warned = False
         self._watched = 0.0  # when watch() last looked
+        self._read_at, self._last_used = 0.0, 0  # room()'s last RSS read, and what it said
+        self.batches_ahead = 0  # bytes of the batches a delivery may make ahead (reads leave it)
 
     def __getstate__(self) -> dict[str, int]:
         return {"budget_bytes": self.budget_bytes}
@@ -152,16 +156,22 @@ class MemoryBudget:
             self.used()
 
     def room(self, need_bytes: int) -> bool:
-        """Whether ``need_bytes`` more fit in the budget now, once freed memory is handed
-        back (at most every ``_RECHECK_S``: a trim walks the heaps)."""
-        if self.used() + need_bytes <= self.budget_bytes:
-            return True
+        """Whether ``need_bytes`` more fit in the budget, by an RSS read at most ``_FRESH_S``
+        ago (a delivery asks several times a batch, under its lock: reading ``/proc`` each
+        time took 15% of W1's rate under a budget, the reads contending with the page faults
+        of the threads), once freed memory is handed back (at most every ``_RECHECK_S``: a
+        trim walks the heaps)."""
         now = time.monotonic()
+        if now - self._read_at > _FRESH_S:
+            self._read_at, self._last_used = now, self.used()
+        if self._last_used + need_bytes <= self.budget_bytes:
+            return True
         if now - self._released < _RECHECK_S:
             return False
         self._released = now
         release_unused()
-        return self.used() + need_bytes <= self.budget_bytes
+        self._read_at, self._last_used = time.monotonic(), self.used()
+        return self._last_used + need_bytes <= self.budget_bytes
 
     def wait_for_room(self, need_bytes: int, needed: threading.Event,
                       stop: threading.Event | None = None) -> None:
@@ -169,10 +179,11 @@ class MemoryBudget:
         (the caller waits for what this read makes: reading now is the least that progresses)
         or ``stop`` is (the interpreter exits).
         """
-        if self.used() + need_bytes <= self.budget_bytes:
+        if self.used() + need_bytes + self.batches_ahead <= self.budget_bytes:
             return
         while True:
             release_unused()
-            if self.used() + need_bytes <= self.budget_bytes or needed.wait(_RECHECK_S) \
+            if self.used() + need_bytes + self.batches_ahead <= self.budget_bytes \
+                    or needed.wait(_RECHECK_S) \
                     or (stop is not None and stop.is_set()):
                 return

@@ -96,16 +96,21 @@ def test_under_a_spent_budget_only_the_callers_batch_is_made(room: bool) -> None
             made.append(b)
         return torch.zeros(1000, dtype=torch.float32)  # 4,000 bytes
 
-    def has_room(need: int) -> bool:
-        asked.append(need)
-        return room
+    class Budget:
+        batches_ahead = 0
 
-    d = _deliver(_streams(2, 0, 50), 0, 50, depth=4, finish=finish, room=has_room)
+        def room(self, need: int) -> bool:
+            asked.append(need)
+            return room
+
+    budget = Budget()
+    d = _deliver(_streams(2, 0, 50), 0, 50, depth=4, finish=finish, memory=budget)
     d.get(0)
     time.sleep(0.3)  # the threads make what the depth and the budget allow
     with lock:
         assert max(made) == (1 + 4 - 1 if room else 1)  # ahead, or the next one alone
     assert 4000 in asked  # the largest batch made so far is what must fit
+    assert budget.batches_ahead == 4 * 4000  # what reads ahead leave room for
     d.close()
 
 
