@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from ._errors import DataError, InvalidArgumentError, check_positive
 from ._inputs import as_batches, conform
 from ._manifest import INCOMPLETE, write_manifest
+from ._writing import STAGING_PREFIX, TMP_INFIX, writing
 
 
 def file_name(index: int) -> str:
@@ -49,7 +50,7 @@ class _ShardWriter:
     def open(self) -> None:
         if self._writer is None:
             name = file_name(len(self.paths))
-            self._tmp = self.root / f".{name}.tmp-{uuid.uuid4().hex}"
+            self._tmp = self.root / f".{name}{TMP_INFIX}{uuid.uuid4().hex}"
             try:
                 # Page CRCs cost nothing to write and let readers detect corrupt pages
                 # (ParquetDataset(verify_checksums=True)).
@@ -116,7 +117,9 @@ def write_dataset(
         The paths written. Each file appears under its final name only once complete. Until
         the whole dataset is, ``path/_pqloader_incomplete`` says so: left by a failure or a
         kill beside the files finished, it makes :class:`ParquetDataset` refuse the folder
-        (:class:`pqloader.CorruptFileError`) rather than read part of the rows.
+        (:class:`pqloader.CorruptFileError`) rather than read part of the rows. The next
+        write into the folder removes a killed write's hidden temporary files; a second
+        write into it while one runs raises :class:`pqloader.InvalidArgumentError`.
     """
     check_positive("rows_per_file", rows_per_file)
     check_positive("row_group_size", row_group_size)
@@ -128,6 +131,24 @@ def write_dataset(
         raise InvalidArgumentError(f"{root}: exists and is not a directory")
     created = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
     root.mkdir(parents=True, exist_ok=True)
+    try:
+        with writing(root):
+            return _write_into(root, data, overwrite=overwrite, rows_per_file=rows_per_file,
+                               row_group_size=row_group_size, compression=compression,
+                               progress=progress, schema=schema)
+    except BaseException:
+        for folder in created:  # a failure leaves no empty folder this call made
+            try:
+                folder.rmdir()  # refuses a folder that is not empty: finished files stay
+            except OSError:
+                break
+        raise
+
+
+def _write_into(root: Path, data: Any, *, overwrite: bool, rows_per_file: int,
+                row_group_size: int, compression: str, progress: bool | None,
+                schema: pa.Schema | None) -> list[str]:
+    """write_dataset's work in ``root``, made and locked."""
     existing = sorted(p for p in root.iterdir() if not p.name.startswith(("_", ".")))
     foreign = [p for p in existing if not (p.is_file() and p.match("part-*.parquet"))]
     if existing and not overwrite:
@@ -143,7 +164,7 @@ def write_dataset(
         )
     # Replacing a dataset: the new files are written aside and swapped in at the end, so a
     # failure half-way leaves the old dataset whole.
-    staging = root / f".pqloader-staging-{uuid.uuid4().hex}" if existing else root
+    staging = root / f"{STAGING_PREFIX}{uuid.uuid4().hex}" if existing else root
     staging.mkdir(exist_ok=True)
     # While files appear in root, a marker says the folder is not a dataset yet: left by a
     # failure or a kill, it makes opening the folder an error, not a dataset short of rows.
@@ -167,11 +188,6 @@ def write_dataset(
     except BaseException:
         if not swapping and not any(root.glob("part-*.parquet")):
             marker.unlink(missing_ok=True)  # nothing written: nothing to warn of
-        for folder in created:  # a failure leaves no empty folder this call made
-            try:
-                folder.rmdir()  # refuses a folder that is not empty: finished files stay
-            except OSError:
-                break
         raise
     finally:
         if staging != root and not swapping:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import math
 import re
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -594,6 +596,52 @@ def test_a_write_killed_midway_leaves_a_folder_that_refuses_to_open(tmp_path: Pa
     assert len(list(root.glob("part-*.parquet"))) == 5
     with pytest.raises(pqloader.CorruptFileError, match="_pqloader_incomplete"):
         pqloader.ParquetDataset(root)
+
+
+def test_what_a_killed_write_left_goes_with_the_next_write(tmp_path: Path) -> None:
+    """Its temporary file and staging folder were hidden from readers, and never removed."""
+    root = tmp_path / "out"
+    pqloader.write_dataset(_table(100), root)
+    script = (f"import pqloader, os\n"
+              f"def rows():\n"
+              f"    for i in range(10_000):\n"
+              f"        if i == 2_500:\n"
+              f"            os._exit(9)  # killed while replacing the dataset\n"
+              f"        yield {{'id': i}}\n"
+              f"pqloader.write_dataset(rows(), {str(root)!r}, rows_per_file=1000, "
+              f"row_group_size=500, overwrite=True)\n")
+    assert subprocess.run([sys.executable, "-c", script], check=False).returncode == 9
+    (staging,) = root.glob(".pqloader-staging-*")
+    assert len(list(staging.glob("part-*.parquet"))) == 2
+    assert len(list(staging.glob(".part-*.tmp-*"))) == 1
+    assert len(pqloader.ParquetDataset(root)) == 100  # the old dataset, whole
+    pqloader.write_dataset(_table(10), root, overwrite=True)
+    assert _data_files(root) == ["_pqloader_manifest.json", "part-00000.parquet"]
+
+
+def test_a_second_write_into_the_same_folder_meanwhile_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    started, go = threading.Event(), threading.Event()
+
+    def rows() -> Iterator[dict[str, int]]:
+        for i in range(3_000):
+            if i == 1_500:
+                started.set()
+                assert go.wait(30)
+            yield {"id": i}
+
+    first = concurrent.futures.ThreadPoolExecutor(1).submit(
+        pqloader.write_dataset, rows(), root, rows_per_file=1000, row_group_size=500)
+    assert started.wait(30)
+    with pytest.raises(pqloader.InvalidArgumentError, match="another write_dataset is writing"):
+        pqloader.write_dataset(_table(10), root, overwrite=True)
+    go.set()
+    assert len(first.result(30)) == 3
+    assert len(pqloader.ParquetDataset(root)) == 3_000
+    assert pq.read_table(root).column("id").to_pylist() == list(range(3_000))
+    assert _data_files(root) == ["_pqloader_manifest.json",
+                                 *(f"part-{i:05d}.parquet" for i in range(3))]
+    pqloader.write_dataset(_table(10), root, overwrite=True)  # the lock went with the write
 
 
 def test_error_in_first_file_leaves_nothing(tmp_path: Path) -> None:
