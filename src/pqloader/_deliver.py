@@ -23,6 +23,8 @@ from ._errors import LoaderTimeoutError
 from ._memory import MemoryBudget, nbytes
 from ._threads import close_at_exit, track
 
+_SIZED = 8  # under a budget, the first batches are sized, then one in this many (~5% of a
+# loader's rate on string columns, every batch sized)
 _POLL_S = 0.1  # how often blocked threads look at the stop flag and at dead peers
 
 Item = tuple[str, Any]  # ("batch", batch) or ("error", exception)
@@ -139,7 +141,8 @@ class Delivery:
         k = self._next[s]
         try:
             batch = self._finish(next(self._streams[s]))
-            if self._memory is not None and (size := nbytes(batch)) > self._largest:
+            if self._memory is not None and (k < _SIZED or k % _SIZED == 0) \
+                    and (size := nbytes(batch)) > self._largest:
                 self._largest = size
                 self._memory.batches_ahead = size * self._depth
             item: Item = ("batch", batch)

@@ -324,6 +324,8 @@ class DataLoader:
                                    batch_size=c.batch_size, drop_last=c.drop_last)
         for k, batch in enumerate(batches, start + 1):
             self._agreement.poll()
+            if memory is not None:
+                memory.warn_if_over()
             if self._audit is not None:
                 batch, rows = batch
                 self._audit.record(epoch, k - 1, rows)

@@ -351,6 +351,8 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         if info is None:
             self._check_ranks(now=True)
             for batch in batches:
+                if memory is not None:
+                    memory.warn_if_over()
                 yield batch
                 self._check_ranks(now=False)
         elif self._planner.stages.audit:  # (batch, row numbers) pairs
