@@ -28,6 +28,7 @@ from ._convert import (
 from ._guesses import column_type
 from ._inspect import inspect_dataset, print_inspect
 
+_BATCH_HELP = "rows per batch (default: 4,096, or fewer to keep a batch under 64 MiB decoded)"
 _WRITE_DEFAULTS = {name: p.default  # one source of truth: write_dataset's own defaults
                    for name, p in inspect.signature(pqloader.write_dataset).parameters.items()
                    if name in ("rows_per_file", "row_group_size", "compression")}
@@ -111,6 +112,21 @@ def _names(text: str) -> list[str]:
     return names
 
 
+BATCH_ROWS = 4096  # bench's and tune's batches by default: this many rows at most,
+BATCH_BYTES = 64 * 2**20  # and at most this many bytes decoded
+
+
+def default_batch_size(ds: pqloader.ParquetDataset) -> int:
+    """``--batch-size`` when not given: 4,096 rows, or fewer where they decode to more than
+    64 MiB (a shuffle window is lifted to the batch: 4,096 images of 786 KB made bench hold
+    4.5 GiB for its first batch, 9 s late, found in review)."""
+    from ._config import bytes_per_row  # with torch: commands that do not load skip it
+
+    d = ds._discovery
+    per_row = bytes_per_row(d.num_rows, d.byte_size)
+    return max(1, min(BATCH_ROWS, int(BATCH_BYTES // per_row)))
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from ._bench import bench
 
@@ -118,6 +134,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise CommandFailure("--num-workers auto tunes thread workers: drop --worker-type "
                              "process, or give a number of processes", code=2)
     ds = pqloader.ParquetDataset(args.path, columns=args.columns)
+    args.batch_size = args.batch_size or default_batch_size(ds)
     result = bench(ds, max_batches=args.max_batches,
                    progress=False if args.no_progress else None,
                    batch_size=args.batch_size, shuffle=not args.no_shuffle, seed=args.seed,
@@ -144,6 +161,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     ds = pqloader.ParquetDataset(args.path, columns=args.columns)
     if not len(ds):  # every rate would be 0: nothing to rank, and "x best" divides by it
         raise CommandFailure(f"{args.path}: no rows to measure; tune a dataset that has rows")
+    args.batch_size = args.batch_size or default_batch_size(ds)
     ranked = tune(ds, batch_size=args.batch_size, max_batches=args.max_batches,
                   repeats=args.repeats, settle_s=args.settle_s, shuffle=not args.no_shuffle)
     if args.json:
@@ -230,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     wr.add_argument("--rows-per-file", type=_positive_int, metavar="N",
                     help="rows in each file (default: %(default)s)")
     wr.add_argument("--row-group-size", type=_positive_int, metavar="N",
-                    help="rows in each row group, the unit of reading (default: %(default)s)")
+                    help="rows in each row group, the unit of reading and shuffling "
+                         "(default: 65,536, or fewer to keep a row group under 16 MiB decoded)")
     wr.add_argument("--compression", choices=CODECS, type=str.lower, help="(default: %(default)s)")
     wr.add_argument("--column-type", type=column_type, action="append", metavar="NAME=TYPE",
                     help="a CSV or JSON column's type (int64, uint64, string, list<int64>...), "
@@ -246,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     be = commands.add_parser("bench", help="measure a loader on a dataset: rows/s, first batch")
     be.add_argument("path", help="a directory, a glob or a Parquet file")
     be.add_argument("--columns", type=_names, metavar="A,B", help="only these columns")
-    be.add_argument("--batch-size", type=_positive_int, default=4096, metavar="N")
+    be.add_argument("--batch-size", type=_positive_int, metavar="N", help=_BATCH_HELP)
     be.add_argument("--num-workers", type=_workers, default=2, metavar="N",
                     help="a number, or 'auto' (tuned while it runs: measure a few epochs' "
                     "worth, --max-batches, to see it settled)")
@@ -265,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu = commands.add_parser("tune", help="try loader settings on a dataset, print the best")
     tu.add_argument("path", help="a directory, a glob or a Parquet file")
     tu.add_argument("--columns", type=_names, metavar="A,B", help="only these columns")
-    tu.add_argument("--batch-size", type=_positive_int, default=4096, metavar="N")
+    tu.add_argument("--batch-size", type=_positive_int, metavar="N", help=_BATCH_HELP)
     tu.add_argument("--no-shuffle", action="store_true", help="read in file order")
     tu.add_argument("--max-batches", type=_positive_int, default=200, metavar="N",
                     help="batches per trial (default: %(default)s)")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch.utils.data
 
 from ._agree import Agreement, built_at
@@ -80,6 +82,31 @@ def check_room(dataset: ParquetDataset, config: LoaderConfig, streams: int) -> N
                 f"{max(1, int(room // per_row)):,}, a larger budget, or fewer num_workers")
 
 
+def warn_unmixed(dataset: ParquetDataset, config: LoaderConfig, window_rows: int) -> None:
+    """Warn when the automatic shuffle window holds no more than one of the dataset's typical
+    row groups: the shuffle then only permutes rows within each row group, and rows of
+    different files never meet in a batch (row groups of 64 MiB or more, as images written
+    with 65,536-row groups make; found in review: batches spanned 1.0-1.1 files)."""
+    d = dataset._discovery
+    if len(d.num_rows) < 2:
+        return
+    typical = int(np.median(d.num_rows))
+    if window_rows > typical:
+        return
+    heavy = int(np.argmin(np.abs(d.num_rows - typical)))
+    window_mib = window_rows * bytes_per_row(d.num_rows, d.byte_size) / 2**20
+    budget = "" if config.memory_budget_bytes is None else (
+        f", as memory_budget_bytes={config.memory_budget_bytes:,} leaves it")
+    warnings.warn(
+        f"shuffle=True permutes the rows of one row group at a time here: the shuffle window "
+        f"of ~{window_rows:,} rows (~{window_mib:,.1f} MiB decoded{budget}) holds no more than "
+        f"one of this dataset's row groups, which hold ~{typical:,} rows (e.g. "
+        f"{d.where(heavy)}, ~{int(d.byte_size[heavy]) / 2**20:,.1f} MiB decoded), so rows of "
+        "different row groups and files never meet in a batch; "
+        "write the dataset with smaller row groups (write_dataset(row_group_size=...)), or "
+        "give shuffle_window_rows= (memory grows with it)", UserWarning, stacklevel=4)
+
+
 class Planner:
     """Binds a dataset to a config: plans epochs and builds each worker's stages."""
 
@@ -90,6 +117,8 @@ class Planner:
         d = dataset._discovery
         kinds = {} if config.collate_fn is not None else column_kinds(d.schema)
         self.window_rows = config.window_rows(d.num_rows, d.byte_size, streams)
+        if config.shuffle and config.shuffle_window_rows is None:
+            warn_unmixed(dataset, config, self.window_rows)
         memory = None
         if config.memory_budget_bytes is not None:
             memory = MemoryBudget(config.memory_budget_bytes)

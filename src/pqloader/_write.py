@@ -26,6 +26,9 @@ def file_name(index: int) -> str:
     return f"part-{'z' * max(0, len(str(index)) - 5)}{index:05d}.parquet"
 
 
+ROW_GROUP_ROWS = 65_536  # write_dataset's row groups by default: this many rows at most,
+ROW_GROUP_BYTES = 16 * 2**20  # and at most this many bytes decoded (a quarter of a window)
+
 _MARKER_TEXT = ("pqloader.write_dataset is writing this folder, or failed or was stopped while "
                 "it did: its files are not the whole dataset. pqloader refuses to open the "
                 "folder while this file is here.\n")
@@ -81,7 +84,7 @@ def write_dataset(
     path: str | os.PathLike[str],
     *,
     rows_per_file: int = 1_000_000,
-    row_group_size: int = 65_536,
+    row_group_size: int | None = None,
     compression: str = "snappy",
     overwrite: bool = False,
     progress: bool | None = None,
@@ -98,7 +101,10 @@ def write_dataset(
             rows and column that do not): values are never changed on the way.
         path: the directory to create or fill; files are ``part-00000.parquet``, ...
         rows_per_file: rows in each file (the last may hold fewer).
-        row_group_size: rows in each row group, the unit of reading and shuffling.
+        row_group_size: rows in each row group, the unit of reading and shuffling; default:
+            65,536, or fewer where that many rows decode to more than 16 MiB (images, long
+            texts), so that a shuffle window (~64 MiB) mixes several row groups: with one
+            row group a window, a shuffle only permutes rows within each.
         compression: any codec pyarrow knows ("snappy", "zstd", "none", ...).
         overwrite: replace the ``part-*.parquet`` files already in ``path``, once the new
             ones are complete (a failure leaves the old dataset whole); otherwise a directory
@@ -122,7 +128,8 @@ def write_dataset(
         write into it while one runs raises :class:`pqloader.InvalidArgumentError`.
     """
     check_positive("rows_per_file", rows_per_file)
-    check_positive("row_group_size", row_group_size)
+    if row_group_size is not None:
+        check_positive("row_group_size", row_group_size)
     if "://" in str(path) and not str(path).startswith("file://"):
         raise InvalidArgumentError(f"{path}: write_dataset writes to a local folder; write "
                                    "there, then copy the folder to the store")
@@ -146,7 +153,7 @@ def write_dataset(
 
 
 def _write_into(root: Path, data: Any, *, overwrite: bool, rows_per_file: int,
-                row_group_size: int, compression: str, progress: bool | None,
+                row_group_size: int | None, compression: str, progress: bool | None,
                 schema: pa.Schema | None) -> list[str]:
     """write_dataset's work in ``root``, made and locked."""
     existing = sorted(p for p in root.iterdir() if not p.name.startswith(("_", ".")))
@@ -196,8 +203,10 @@ def _write_into(root: Path, data: Any, *, overwrite: bool, rows_per_file: int,
 
 
 def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
-                 row_group_size: int, compression: str, progress: bool | None,
+                 row_group_size: int | None, compression: str, progress: bool | None,
                  schema: pa.Schema | None) -> list[str]:
+    capped = row_group_size is None  # the default: rows, and at most ROW_GROUP_BYTES
+    row_group_size = ROW_GROUP_ROWS if row_group_size is None else row_group_size
     asked = schema is not None
     whose = "schema= has" if asked else "the first had"
     schema, batches, total = as_batches(data, row_group_size, schema)
@@ -221,7 +230,11 @@ def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
         while buffered_rows and (final or buffered_rows >= row_group_size):
             n = min(row_group_size, rows_per_file - writer.rows_in_file, buffered_rows)
             table = pa.Table.from_batches(buffered, schema=schema)
-            writer.write(table.slice(0, n).combine_chunks())
+            group = table.slice(0, n).combine_chunks()
+            if capped and group.nbytes > ROW_GROUP_BYTES:
+                n = max(1, n * ROW_GROUP_BYTES // group.nbytes)
+                group = group.slice(0, n)
+            writer.write(group)
             rest = table.slice(n)
             buffered, buffered_rows = rest.to_batches(), rest.num_rows
             bar.update(n)

@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -576,3 +577,23 @@ def test_torch_distributed_gloo(make_dataset: Any, tmp_path: Path) -> None:
     seen = collections.Counter(flat(gathered[0]["batches"]) + flat(gathered[1]["batches"]))
     assert set(seen) == set(range(ROWS))
     assert sum(c - 1 for c in seen.values()) <= world_size - 1
+
+
+def test_a_shuffle_window_of_one_row_group_is_warned_of(tmp_path: Path) -> None:
+    """Batches of such a loader never mix row groups or files, which shuffle=True says it
+    does (found in review: 1.0-1.1 files a batch on images in 157 MB row groups)."""
+    table = pa.table({"id": np.arange(3_000), "blob": pa.array([bytes(10_000)] * 3_000)})
+    pqloader.write_dataset(table, tmp_path, rows_per_file=1_000, row_group_size=1_000)
+    ds = pqloader.ParquetDataset(tmp_path)
+    budget = 100 * 2**20  # windows of ~40 rows: it leaves 10 MiB a window, row groups take 10
+    with pytest.warns(UserWarning, match=r"holds no more than one of this dataset's row "
+                                         r"groups, which hold ~1,000 rows \(e\.g\. .*part-"):
+        loader = pqloader.DataLoader(ds, batch_size=32, shuffle=True, num_workers=0,
+                                     memory_budget_bytes=budget)
+    assert sorted(int(i) for b in loader for i in b["id"]) == list(range(3_000))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for quiet in ({"shuffle": False}, {"shuffle_window_rows": 40},
+                      {"memory_budget_bytes": None}):
+            pqloader.DataLoader(ds, batch_size=32, **{"shuffle": True, "num_workers": 0,
+                                                      "memory_budget_bytes": budget, **quiet})

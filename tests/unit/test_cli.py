@@ -572,6 +572,18 @@ def test_bench_measures_an_epoch(make_dataset, capsys) -> None:
     assert result["rows_per_s"] > 0 and result["first_batch_s"] <= result["seconds"]
 
 
+def test_bench_batches_of_heavy_rows_default_to_64_mib(tmp_path, capsys) -> None:
+    """4,096 rows of images made bench hold 4.5 GiB for its first batch (found in review)."""
+    table = pa.table({"id": list(range(200)), "image": pa.array([bytes(1_000_000)] * 200)})
+    pqloader.write_dataset(table, tmp_path)
+    code, out, _ = run(capsys, "bench", str(tmp_path), "--json", "--no-progress")
+    assert code == 0
+    result = json.loads(out)
+    assert (result["rows"], result["batches"]) == (200, 3)  # batches of 67 rows: 64 MiB
+    code, out, _ = run(capsys, "bench", str(tmp_path), "--no-progress")
+    assert "in 3 batches of 67 in" in out
+
+
 def test_bench_reports_the_peak_of_its_own_run(make_dataset) -> None:
     """ru_maxrss only grows: each of tune's settings reported the peak of all before it."""
     from pqloader._bench import _reset_peak, bench

@@ -67,6 +67,18 @@ def test_table(tmp_path: Path) -> None:
         assert pq.read_table(path).schema.equals(table.schema)
 
 
+def test_heavy_rows_make_row_groups_of_at_most_16_mib_by_default(tmp_path: Path) -> None:
+    """65,536 rows of 786 KB images made one 157 MB row group per file: a shuffle window
+    (~64 MiB) then held one row group, and batches never mixed files (found in review)."""
+    table = pa.table({"id": np.arange(40), "image": pa.array([bytes(1_000_000)] * 40)})
+    paths = pqloader.write_dataset(table, tmp_path / "out", rows_per_file=20)
+    assert _layout(paths) == [[16, 4], [16, 4]]  # 16 rows of ~1 MB: the most in 16 MiB
+    _assert_round_trip(tmp_path / "out", table)
+    asked = pqloader.write_dataset(table, tmp_path / "asked", rows_per_file=20,
+                                   row_group_size=65_536)
+    assert _layout(asked) == [[20], [20]]  # a size given is kept
+
+
 def test_record_batch_reader(tmp_path: Path) -> None:
     table = _table(500)
     reader = pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=70))
