@@ -72,6 +72,25 @@ def test_columns_projection_and_order(dataset_path: Path) -> None:
     assert list(batch) == ["text", "id"]
 
 
+def test_projected_columns_of_files_in_other_orders_and_nested(tmp_path: Path) -> None:
+    """Row groups are read by leaf column index (no map of names by path at each open):
+    the leaves differ per file when its columns come in another order or are nested."""
+    import pyarrow.parquet as pq
+
+    point = pa.struct([("x", pa.int64()), ("y", pa.float64())])
+    first = pa.table({"id": [0, 1], "p": pa.array([{"x": 1, "y": 0.5}, None], point),
+                      "tags": pa.array([[1], [2, 3]]), "skip": ["a", "b"]})
+    second = pa.table({"skip": ["c"], "tags": pa.array([[4]]), "id": [2],
+                       "p": pa.array([{"x": 3, "y": 1.5}], point)})
+    pq.write_table(first, tmp_path / "a.parquet")
+    pq.write_table(second, tmp_path / "b.parquet")
+    ds = pqloader.ParquetDataset(tmp_path, columns=["tags", "p", "id"])
+    got = pa.concat_tables(ds.reader.read(f) for f in range(ds.num_row_groups))
+    assert got.to_pylist() == [
+        {"tags": [1], "p": {"x": 1, "y": 0.5}, "id": 0}, {"tags": [2, 3], "p": None, "id": 1},
+        {"tags": [4], "p": {"x": 3, "y": 1.5}, "id": 2}]
+
+
 def test_columns_must_be_a_list(dataset_path: Path) -> None:
     with pytest.raises(pqloader.InvalidArgumentError, match="columns"):
         pqloader.ParquetDataset(dataset_path, columns="id")  # type: ignore[arg-type]
