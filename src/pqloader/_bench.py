@@ -28,6 +28,7 @@ class BenchResult:
     # not the peak of the whole tree at one moment.
     peak_rss_mib: float
     epochs: int  # epochs the timed batches came from, the last one maybe in part
+    shuffle_window_rows: int = 0  # the loader's window, as set or as chosen for the rows' size
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,7 +101,7 @@ def bench(dataset: ParquetDataset, *, max_batches: int | None = None, progress: 
         torch.cuda.synchronize(loader.device)
     seconds = time.perf_counter() - (timed if settled else start)
     return BenchResult(rows, batches, seconds, first, rows / seconds if seconds else 0.0,
-                       _peak_rss_mib(reset), epochs)
+                       _peak_rss_mib(reset), epochs, loader._planner.window_rows)
 
 
 def _warm_up(loader: DataLoader, batches: int, seconds: float, start: float) -> float | None:

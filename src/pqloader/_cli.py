@@ -150,7 +150,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                  f"first batch after {result.first_batch_s:.2f} s") + "; peak RSS "
               f"~{result.peak_rss_mib:,.0f} MiB "
               f"({args.num_workers} {args.worker_type} workers, "
-              f"{'no shuffle' if args.no_shuffle else 'shuffled'}"
+              f"{'no shuffle' if args.no_shuffle else 'shuffled'}, shuffle window "
+              f"{result.shuffle_window_rows:,} rows"
               f"{f', to {args.device}' if args.device else ''})")
     return 0
 

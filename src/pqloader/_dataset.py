@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import operator
 import os
 import threading
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from ._torch import TorchIterable
 
 _ROW_GROUP_CACHE = 4  # decoded row groups kept for map-style access
+_REPR_COLUMNS = 30  # columns a repr names; ds.columns has them all
 
 
 def _row_numbers(indices: Any, num_rows: int) -> np.ndarray:
@@ -188,7 +190,10 @@ class ParquetDataset:
         return int(self._offsets[-1])
 
     def __repr__(self) -> str:
-        cols = ", ".join(f"{n}: {t}" for n, t in self.columns.items())
+        shown = list(itertools.islice(self.columns.items(), _REPR_COLUMNS))
+        cols = ", ".join(f"{n}: {t}" for n, t in shown)
+        if len(self.columns) > len(shown):  # 5,000 columns made a 69 KB repr
+            cols += f", ... ({len(self.columns) - len(shown):,} more: ds.columns)"
         f = self._discovery.filter
         kept = "" if f is None else f" kept by filter {f.text}"
         return (f"ParquetDataset({len(self):,} rows{kept}, {len(self.files)} files, "

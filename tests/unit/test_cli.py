@@ -580,8 +580,9 @@ def test_bench_batches_of_heavy_rows_default_to_64_mib(tmp_path, capsys) -> None
     assert code == 0
     result = json.loads(out)
     assert (result["rows"], result["batches"]) == (200, 3)  # batches of 67 rows: 64 MiB
+    assert result["shuffle_window_rows"] == 67  # 64 MiB, lifted to the batch
     code, out, _ = run(capsys, "bench", str(tmp_path), "--no-progress")
-    assert "in 3 batches of 67 in" in out
+    assert "in 3 batches of 67 in" in out and "shuffle window 67 rows" in out
 
 
 def test_bench_reports_the_peak_of_its_own_run(make_dataset) -> None:
