@@ -19,6 +19,9 @@ Each message names the file, row group, column or argument at fault and says wha
 
 from __future__ import annotations
 
+import os
+import sys
+
 from ._signed import redact
 
 
@@ -80,3 +83,19 @@ def check_positive(name: str, value: int, *, allow_zero: bool = False) -> int:
         bound = ">= 0" if allow_zero else ">= 1"
         raise InvalidArgumentError(f"{name} must be an int {bound}, got {value!r}")
     return value
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` at which a warning raised by the caller of this function points at
+    the first frame outside pqloader: the user's line, whichever of pqloader's entry points
+    (``DataLoader``, ``ds.to_torch``) led there."""
+    frame = sys._getframe(1)  # the caller, who warns: stacklevel 1
+    level = 1
+    while frame.f_back is not None and os.path.dirname(
+            os.path.abspath(frame.f_code.co_filename)) == _PACKAGE:
+        frame = frame.f_back
+        level += 1
+    return level

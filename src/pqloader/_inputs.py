@@ -9,6 +9,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ._casts import cast_exactly, keeps_values, same_values
@@ -33,10 +34,41 @@ def _check_keys(chunk: list[Any], names: frozenset[str], first_row: int,
             )
 
 
+_SIZED_ROWS = 16  # rows of a chunk of dicts whose sizes stand for the chunk's
+
+
+def _row_size(row: dict[str, Any]) -> int:
+    """About the bytes of a dict row: its texts', bytes' and arrays' lengths, 8 a value else."""
+    size = 0
+    for value in row.values():
+        if isinstance(value, (str, bytes, bytearray, memoryview)):
+            size += len(value)
+        elif isinstance(value, np.ndarray):
+            size += value.nbytes
+        elif isinstance(value, (list, tuple)):
+            size += 8 * len(value)
+        else:
+            size += 8
+    return size
+
+
+def _chunk(rows: Iterator[Any], most: int, chunk_bytes: int | None) -> list[Any]:
+    """The next ``most`` rows, or fewer where its first rows say they hold more than
+    ``chunk_bytes`` (dicts of 1 MB images were buffered 65,536 at a time, 64 GB, before the
+    first 16 MiB row group was written; found in review)."""
+    chunk = list(itertools.islice(rows, min(most, _SIZED_ROWS)))
+    if chunk_bytes is not None and len(chunk) == _SIZED_ROWS and most > _SIZED_ROWS:
+        per_row = max(1, sum(map(_row_size, chunk)) // _SIZED_ROWS)
+        most = max(_SIZED_ROWS, min(most, chunk_bytes // per_row))
+    chunk += itertools.islice(rows, most - len(chunk))
+    return chunk
+
+
 def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
-                  given: pa.Schema | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+                  given: pa.Schema | None, chunk_bytes: int | None = None
+                  ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     rows = itertools.chain([first], rest)
-    head = list(itertools.islice(rows, chunk_rows))
+    head = _chunk(rows, chunk_rows, chunk_bytes)
     # as pyarrow, without a schema: the columns are the first row's keys, the types the
     # first rows'; with one, every chunk is converted to it, the first too (a key may lack)
     names = frozenset(first) if given is None else frozenset(given.names)
@@ -80,7 +112,7 @@ def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
                 yield from _convert(chunk, schema, done, source,
                                     asked=given is not None).to_batches()
             done += len(chunk)
-            chunk = list(itertools.islice(rows, chunk_rows))
+            chunk = _chunk(rows, chunk_rows, chunk_bytes)
 
     return schema, gen()
 
@@ -155,9 +187,11 @@ def _which(rows: list[dict[str, Any]]) -> str:
 
 
 def as_batches(
-    data: Any, chunk_rows: int, schema: pa.Schema | None = None
+    data: Any, chunk_rows: int, schema: pa.Schema | None = None,
+    chunk_bytes: int | None = None,
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
     """Normalise any supported input to (schema, stream of record batches, rows if known).
+    Dicts are converted ``chunk_rows`` at a time, or fewer that hold ``chunk_bytes``.
 
     With ``schema``, that is the schema: the batches are the input's (the caller conforms
     them, :func:`conform`), but dicts are converted to it from the first row on.
@@ -170,12 +204,12 @@ def as_batches(
         raise InvalidArgumentError(f"schema= names a column twice: {schema.names}")
     if schema is not None and not len(schema):
         raise InvalidArgumentError("schema= has no column; give the columns to write")
-    found, batches, total = _as_batches(data, chunk_rows, schema)
+    found, batches, total = _as_batches(data, chunk_rows, schema, chunk_bytes)
     return schema or found, batches, total
 
 
 def _as_batches(
-    data: Any, chunk_rows: int, given: pa.Schema | None
+    data: Any, chunk_rows: int, given: pa.Schema | None, chunk_bytes: int | None = None
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
     if isinstance(data, pa.Table):
         return data.schema, iter(data.to_batches(max_chunksize=chunk_rows)), data.num_rows
@@ -199,7 +233,7 @@ def _as_batches(
         if isinstance(first, pa.RecordBatch):
             return first.schema, itertools.chain([first], it), None
         if isinstance(first, dict):
-            schema, batches = _dict_batches(first, it, chunk_rows, given)
+            schema, batches = _dict_batches(first, it, chunk_rows, given, chunk_bytes)
             return schema, batches, None
         raise InvalidArgumentError(
             f"an iterable of {type(first).__name__} cannot be written; give dicts or "

@@ -15,7 +15,7 @@ import torch.utils.data
 from ._agree import Agreement, built_at
 from ._collate import column_kinds
 from ._config import LoaderConfig, bytes_per_row
-from ._errors import InvalidArgumentError, StateMismatchError, check_positive
+from ._errors import InvalidArgumentError, StateMismatchError, check_positive, user_stacklevel
 from ._memory import RESERVE_BYTES, WINDOWS_PER_STREAM, MemoryBudget, window_bytes
 from ._pack import compact
 from ._pipeline import Stages, finish, raw_batches, worker_batches
@@ -91,8 +91,8 @@ def warn_unmixed(dataset: ParquetDataset, config: LoaderConfig, window_rows: int
     if len(d.num_rows) < 2:
         return
     typical = int(np.median(d.num_rows))
-    if window_rows > typical:
-        return
+    if window_rows > typical or typical < 2:  # row groups of one row: a window is one row,
+        return  # and shuffling row groups is shuffling rows
     heavy = int(np.argmin(np.abs(d.num_rows - typical)))
     window_mib = window_rows * bytes_per_row(d.num_rows, d.byte_size) / 2**20
     budget = "" if config.memory_budget_bytes is None else (
@@ -104,7 +104,8 @@ def warn_unmixed(dataset: ParquetDataset, config: LoaderConfig, window_rows: int
         f"{d.where(heavy)}, ~{int(d.byte_size[heavy]) / 2**20:,.1f} MiB decoded), so rows of "
         "different row groups and files never meet in a batch; "
         "write the dataset with smaller row groups (write_dataset(row_group_size=...)), or "
-        "give shuffle_window_rows= (memory grows with it)", UserWarning, stacklevel=4)
+        "give shuffle_window_rows= (memory grows with it)", UserWarning,
+        stacklevel=user_stacklevel())
 
 
 class Planner:

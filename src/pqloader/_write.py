@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from ._errors import DataError, InvalidArgumentError, check_positive
 from ._inputs import as_batches, conform
 from ._manifest import INCOMPLETE, write_manifest
-from ._writing import STAGING_PREFIX, TMP_INFIX, writing
+from ._writing import STAGING_PREFIX, TMP_INFIX, remove_leftovers, writing
 
 
 def file_name(index: int) -> str:
@@ -124,8 +124,8 @@ def write_dataset(
         the whole dataset is, ``path/_pqloader_incomplete`` says so: left by a failure or a
         kill beside the files finished, it makes :class:`ParquetDataset` refuse the folder
         (:class:`pqloader.CorruptFileError`) rather than read part of the rows. The next
-        write into the folder removes a killed write's hidden temporary files; a second
-        write into it while one runs raises :class:`pqloader.InvalidArgumentError`.
+        write into the folder that succeeds removes a killed write's hidden temporary files;
+        a second write into it while one runs raises :class:`pqloader.InvalidArgumentError`.
     """
     check_positive("rows_per_file", rows_per_file)
     if row_group_size is not None:
@@ -139,10 +139,13 @@ def write_dataset(
     created = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
     root.mkdir(parents=True, exist_ok=True)
     try:
-        with writing(root):
-            return _write_into(root, data, overwrite=overwrite, rows_per_file=rows_per_file,
-                               row_group_size=row_group_size, compression=compression,
-                               progress=progress, schema=schema)
+        with writing(root) as locked:
+            paths = _write_into(root, data, overwrite=overwrite, rows_per_file=rows_per_file,
+                                row_group_size=row_group_size, compression=compression,
+                                progress=progress, schema=schema)
+            if locked:
+                remove_leftovers(root)
+            return paths
     except BaseException:
         for folder in created:  # a failure leaves no empty folder this call made
             try:
@@ -202,6 +205,21 @@ def _write_into(root: Path, data: Any, *, overwrite: bool, rows_per_file: int,
     return paths
 
 
+def decoded_bytes(table: pa.Table) -> int:
+    """A row group's bytes as read back: a dictionary column's values once a row, by their
+    mean size (each slice of it holds the whole dictionary: 20 MiB of categories made the
+    16 MiB cap cut row groups down to one row, and tripled the file; found in review)."""
+    total = 0
+    for column in table.columns:
+        for chunk in column.chunks:
+            if pa.types.is_dictionary(chunk.type):
+                values = chunk.dictionary
+                total += chunk.indices.nbytes + values.nbytes * len(chunk) // max(1, len(values))
+            else:
+                total += chunk.nbytes
+    return total
+
+
 def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
                  row_group_size: int | None, compression: str, progress: bool | None,
                  schema: pa.Schema | None) -> list[str]:
@@ -209,7 +227,8 @@ def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
     row_group_size = ROW_GROUP_ROWS if row_group_size is None else row_group_size
     asked = schema is not None
     whose = "schema= has" if asked else "the first had"
-    schema, batches, total = as_batches(data, row_group_size, schema)
+    schema, batches, total = as_batches(data, row_group_size, schema,
+                                        ROW_GROUP_BYTES if capped else None)
     if not len(schema):  # its batches hold rows but no column: their files never filled up
         raise DataError("the input has no column; give it at least one")
     twice = sorted({n for n in schema.names if schema.names.count(n) > 1})
@@ -230,11 +249,12 @@ def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
         while buffered_rows and (final or buffered_rows >= row_group_size):
             n = min(row_group_size, rows_per_file - writer.rows_in_file, buffered_rows)
             table = pa.Table.from_batches(buffered, schema=schema)
-            group = table.slice(0, n).combine_chunks()
-            if capped and group.nbytes > ROW_GROUP_BYTES:
-                n = max(1, n * ROW_GROUP_BYTES // group.nbytes)
-                group = group.slice(0, n)
-            writer.write(group)
+            group = table.slice(0, n)
+            if capped:  # cut again while still over: rows of unequal sizes (found in review)
+                while n > 1 and (size := decoded_bytes(group)) > ROW_GROUP_BYTES:
+                    n = max(1, n * ROW_GROUP_BYTES // size)
+                    group = table.slice(0, n)
+            writer.write(group.combine_chunks())
             rest = table.slice(n)
             buffered, buffered_rows = rest.to_batches(), rest.num_rows
             bar.update(n)

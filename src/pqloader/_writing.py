@@ -8,7 +8,7 @@ left the killed run's gigabytes beside the new dataset. Removing them is safe on
 other write is using them, so a write holds an exclusive ``flock`` on ``.pqloader-writing``
 in the folder while it runs: the kernel drops it when the process dies, however it dies, and a
 second write into the same folder meanwhile is refused by name (two writes there replaced
-each other's files).
+each other's files). A write that succeeds removes them.
 """
 
 from __future__ import annotations
@@ -28,15 +28,13 @@ TMP_INFIX = ".tmp-"  # in ".part-00000.parquet.tmp-<uuid>"
 
 
 @contextlib.contextmanager
-def writing(root: Path) -> Iterator[None]:
-    """Hold ``root``'s write lock, removing what killed writes left; on a file system without
-    locks, neither (nothing can tell a killed write's files from a running one's)."""
+def writing(root: Path) -> Iterator[bool]:
+    """Hold ``root``'s write lock; whether it is held (not on a file system without locks,
+    where nothing can tell a killed write's files from a running one's)."""
     path = root / LOCK
     fd = _lock(path, root)
     try:
-        if fd is not None:
-            _remove_leftovers(root)
-        yield
+        yield fd is not None
     finally:
         if fd is not None:
             path.unlink(missing_ok=True)  # before the unlock: a waiter then sees a new file
@@ -66,7 +64,11 @@ def _lock(path: Path, root: Path) -> int | None:
         os.close(fd)  # the write that held it ended and removed it meanwhile: lock anew
 
 
-def _remove_leftovers(root: Path) -> None:
+def remove_leftovers(root: Path) -> None:
+    """Remove what killed writes left, once a write holding the lock has succeeded: not
+    before, since a write refused, or failing, must not take the staging folder a failed
+    swap left (the only copy of the new files the old ones were deleted for; found in
+    review), and once one succeeds, the dataset they were for has been replaced."""
     for entry in root.iterdir():
         name = entry.name
         if name.startswith(STAGING_PREFIX) and entry.is_dir() and not entry.is_symlink():

@@ -597,3 +597,17 @@ def test_a_shuffle_window_of_one_row_group_is_warned_of(tmp_path: Path) -> None:
                       {"memory_budget_bytes": None}):
             pqloader.DataLoader(ds, batch_size=32, **{"shuffle": True, "num_workers": 0,
                                                       "memory_budget_bytes": budget, **quiet})
+    with pytest.warns(UserWarning, match="permutes the rows of one row group") as seen:
+        ds.to_torch(batch_size=32, shuffle=True, memory_budget_bytes=budget)
+    assert seen[0].filename == __file__  # the user's line, through to_torch too
+
+
+def test_row_groups_of_one_row_are_not_warned_of(tmp_path: Path) -> None:
+    """A window of one row of them is a full shuffle: row groups are shuffled."""
+    table = pa.table({"id": np.arange(20), "blob": pa.array([bytes(2_000_000)] * 20)})
+    pqloader.write_dataset(table, tmp_path, row_group_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=1,
+                                     shuffle=True, num_workers=0, memory_budget_bytes=60 * 2**20)
+    assert loader._planner.window_rows == 1

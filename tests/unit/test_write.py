@@ -77,6 +77,29 @@ def test_heavy_rows_make_row_groups_of_at_most_16_mib_by_default(tmp_path: Path)
     asked = pqloader.write_dataset(table, tmp_path / "asked", rows_per_file=20,
                                    row_group_size=65_536)
     assert _layout(asked) == [[20], [20]]  # a size given is kept
+    rows = ({"id": i, "image": bytes(1_000_000)} for i in range(40))  # dicts, chunked alike
+    assert _layout(pqloader.write_dataset(rows, tmp_path / "dicts", rows_per_file=20)) == \
+        [[16, 4], [16, 4]]
+
+
+def test_the_16_mib_cap_holds_for_rows_of_unequal_sizes(tmp_path: Path) -> None:
+    """Cut once in proportion, 200 texts of 200 KB then 60,000 short ones made a first row
+    group of 40 MiB (found in review)."""
+    text = [f"{i:06d}" * 33_334 for i in range(200)] + ["short"] * 60_000
+    paths = pqloader.write_dataset(pa.table({"text": text}), tmp_path)
+    md = pq.ParquetFile(paths[0]).metadata
+    sizes = [pq.ParquetFile(paths[0]).read_row_group(i).nbytes for i in range(md.num_row_groups)]
+    assert max(sizes) <= 16 * 2**20
+    assert sum(md.row_group(i).num_rows for i in range(md.num_row_groups)) == 60_200
+
+
+def test_a_large_dictionary_does_not_shrink_row_groups(tmp_path: Path) -> None:
+    """Each slice of a dictionary column holds the whole dictionary: 20 MiB of categories cut
+    row groups down to one row and tripled the file (found in review)."""
+    categories = pa.array([f"category {i:07d} " + "x" * 90 for i in range(200_000)])
+    column = pa.DictionaryArray.from_arrays(pa.array(np.arange(200_000) % 200_000), categories)
+    paths = pqloader.write_dataset(pa.table({"c": column}), tmp_path)
+    assert _layout(paths) == [[65_536, 65_536, 65_536, 3_392]]
 
 
 def test_record_batch_reader(tmp_path: Path) -> None:
@@ -627,6 +650,9 @@ def test_what_a_killed_write_left_goes_with_the_next_write(tmp_path: Path) -> No
     assert len(list(staging.glob("part-*.parquet"))) == 2
     assert len(list(staging.glob(".part-*.tmp-*"))) == 1
     assert len(pqloader.ParquetDataset(root)) == 100  # the old dataset, whole
+    with pytest.raises(pqloader.InvalidArgumentError, match="pass overwrite=True"):
+        pqloader.write_dataset(_table(10), root)  # refused: takes nothing away
+    assert staging.is_dir()  # (after a failed swap, the only copy of new files)
     pqloader.write_dataset(_table(10), root, overwrite=True)
     assert _data_files(root) == ["_pqloader_manifest.json", "part-00000.parquet"]
 
