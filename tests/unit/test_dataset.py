@@ -499,6 +499,22 @@ def test_window_sizes_come_from_decoded_bytes_with_or_without_manifest(tmp_path:
     assert 0.9 < _decoded(tmp_path, ["x"]) / x < 1.1  # a projection counts its columns only
 
 
+def test_a_row_group_of_heavier_rows_than_its_files_is_sized_by_its_own_pages(
+        tmp_path: Path) -> None:
+    """Per-row sizes are a file's, from its largest row group: a file of long texts then
+    short ones (sorted by length) had its long ones' row group sized 0.0 MiB, not 10."""
+    heavy = pa.table({"text": [f"{i:05d}" * 20_000 for i in range(100)]})  # 100 KB each
+    light = pa.table({"text": [f"row {i}" for i in range(30_000)]})
+    with pq.ParquetWriter(tmp_path / "sorted.parquet", heavy.schema) as writer:
+        writer.write_table(heavy)
+        writer.write_table(light)
+    sizes = pqloader.ParquetDataset(tmp_path)._discovery.byte_size
+    decoded = [pq.ParquetFile(tmp_path / "sorted.parquet").read_row_group(i).nbytes
+               for i in range(2)]
+    assert 0.9 < sizes[0] / decoded[0] < 1.1  # was 1,451 bytes for 10 MB
+    assert 0.9 < sizes[1] / decoded[1] < 1.25  # the file's own rows: as before
+
+
 def _categories(tmp_path: Path) -> Path:
     """Strings of 50 category names, dictionary-encoded (the writers' default): their footers
     count each name once a row group, 7x less than they take decoded."""
