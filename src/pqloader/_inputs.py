@@ -64,11 +64,28 @@ def _chunk(rows: Iterator[Any], most: int, chunk_bytes: int | None) -> list[Any]
     return chunk
 
 
+def _typed_head(head: list[Any], rows: Iterator[Any], most: int) -> list[Any]:
+    """``head``, with more rows while a key is None in all of them, up to ``most`` rows:
+    the first rows type the columns, and a chunk sized in bytes (a few dozen rows of
+    images) left a key None in all of them typed null, refusing its later values, where
+    65,536 rows had typed it (found in review)."""
+    untyped = {k for k in head[0] if all(row.get(k) is None for row in head)} if head else set()
+    while untyped and len(head) < most:
+        more = list(itertools.islice(rows, min(len(head), most - len(head))))
+        if not more:
+            break
+        head += more
+        untyped = {k for k in untyped if all(row.get(k) is None for row in more)}
+    return head
+
+
 def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
                   given: pa.Schema | None, chunk_bytes: int | None = None
                   ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     rows = itertools.chain([first], rest)
     head = _chunk(rows, chunk_rows, chunk_bytes)
+    if given is None and chunk_bytes is not None:
+        head = _typed_head(head, rows, chunk_rows)
     # as pyarrow, without a schema: the columns are the first row's keys, the types the
     # first rows'; with one, every chunk is converted to it, the first too (a key may lack)
     names = frozenset(first) if given is None else frozenset(given.names)

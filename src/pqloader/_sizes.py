@@ -138,7 +138,11 @@ def leaf_owners(md: pq.FileMetaData, arrow: pa.Schema | None = None) -> list[str
 
 
 def leaf_count(t: pa.DataType) -> int:
-    """Parquet leaf columns a column of Arrow type ``t`` is stored in."""
+    """Parquet leaf columns a column of Arrow type ``t`` is stored in (an extension type's
+    storage's: ``pa.opaque`` over a struct is stored in its fields, and counted as one, it
+    shifted every later column's leaves; found in review)."""
+    if isinstance(t, pa.BaseExtensionType):
+        return leaf_count(t.storage_type)
     if t.num_fields == 0 or pa.types.is_dictionary(t):
         return 1
     return sum(leaf_count(t.field(i).type) for i in range(t.num_fields))
@@ -151,17 +155,21 @@ def fragment_bytes(rows: int, per_row: RowBytes | None, columns: list[str],
 
     The per-row sizes are the file's, from its largest row group: a file whose row groups
     hold rows of very different sizes (sorted by length, say) had its heavy row groups sized
-    like its light ones, 0.0 against 15.8 MiB (found in review). So a row group whose own
-    uncompressed pages hold more than ``_HEAVIER`` times the file's row size counts at least
-    those pages, the columns' share of them: decoding seldom shrinks values far below their
-    pages. (Not every row group: dictionary pages of random floats hold 1.4x their decoded
-    size, and windows were cut to match.)"""
+    like its light ones, 0.0 against 15.8 MiB (found in review). So a row group read whole
+    whose own uncompressed pages hold more than ``_HEAVIER`` times the file's row size
+    counts at least those pages: decoding seldom shrinks values far below their pages.
+    (Not every row group: dictionary pages of random floats hold 1.4x their decoded size,
+    and windows were cut to match. Not a projection: ``encoded`` counts every column, and
+    a share of it by the file's row sizes was 4,000x off, and differed between a manifest
+    and the footers, which measure other columns; a projection needs each row group's own
+    column sizes in the index.)"""
     if per_row is None:
         return encoded
     wanted = sum(per_row.get(c, 8.0) for c in columns)  # else: a partition column
     total = sum(per_row.values())
-    if rows and total > 0 and encoded / rows > _HEAVIER * total:
-        return int(max(rows * wanted, encoded * min(1.0, wanted / total)))
+    every = all(c in columns for c in per_row)  # the pages count the columns read, no more
+    if every and rows and total > 0 and encoded / rows > _HEAVIER * total:
+        return int(max(rows * wanted, encoded))
     return int(rows * wanted)
 
 

@@ -515,6 +515,34 @@ def test_a_row_group_of_heavier_rows_than_its_files_is_sized_by_its_own_pages(
     assert 0.9 < sizes[1] / decoded[1] < 1.25  # the file's own rows: as before
 
 
+def test_columns_after_an_extension_column_over_a_struct(tmp_path: Path) -> None:
+    """Its storage's fields are Parquet leaves: counted as one, every later column was read
+    from the wrong leaves (found in review)."""
+    import pyarrow.parquet as pq
+
+    kind = pa.opaque(pa.struct([("p", pa.int32()), ("q", pa.int32())]), "geom", "vendor")
+    storage = pa.array([{"p": 1, "q": 2}, {"p": 3, "q": 4}], kind.storage_type)
+    pq.write_table(pa.table({"o": pa.ExtensionArray.from_storage(kind, storage),
+                             "z": [10, 20], "w": ["a", "b"]}), tmp_path / "x.parquet")
+    for columns in (["z"], ["w"], ["z", "w"]):
+        ds = pqloader.ParquetDataset(tmp_path, columns=columns)
+        assert [ds[i] for i in range(2)] == \
+            pq.read_table(tmp_path / "x.parquet", columns=columns).to_pylist()
+
+
+def test_a_projection_of_light_columns_beside_heavy_ones_is_sized_by_its_own(
+        tmp_path: Path) -> None:
+    """The row groups' pages count every column: as a floor for a projection of light ones
+    they sized it 4,000x too large, and differently from a manifest (found in review)."""
+    table = pa.table({"id": np.arange(20_200),
+                      "text": ["x"] * 20_000 + [f"{i:05d}" * 10_000 for i in range(200)]})
+    pqloader.write_dataset(table, tmp_path, row_group_size=20_000)
+    with_manifest = pqloader.ParquetDataset(tmp_path, columns=["id"])._discovery.byte_size
+    (tmp_path / "_pqloader_manifest.json").unlink()
+    footers = pqloader.ParquetDataset(tmp_path, columns=["id"])._discovery.byte_size
+    assert with_manifest.tolist() == footers.tolist() == [160_000, 1_600]
+
+
 def _categories(tmp_path: Path) -> Path:
     """Strings of 50 category names, dictionary-encoded (the writers' default): their footers
     count each name once a row group, 7x less than they take decoded."""

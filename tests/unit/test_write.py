@@ -82,6 +82,17 @@ def test_heavy_rows_make_row_groups_of_at_most_16_mib_by_default(tmp_path: Path)
         [[16, 4], [16, 4]]
 
 
+def test_heavy_dict_rows_type_a_key_none_in_the_first_rows(tmp_path: Path) -> None:
+    """A chunk sized in bytes holds a few dozen rows of images: a key None in all of them
+    was typed null and its later ints refused, where 65,536 rows had typed it (found in
+    review)."""
+    rows = ({"blob": bytes(200_000), "label": None if i < 100 else i} for i in range(130))
+    pqloader.write_dataset(rows, tmp_path)
+    table = pq.read_table(tmp_path)
+    assert table.schema.field("label").type == pa.int64()
+    assert table.column("label").to_pylist() == [None] * 100 + list(range(100, 130))
+
+
 def test_the_16_mib_cap_holds_for_rows_of_unequal_sizes(tmp_path: Path) -> None:
     """Cut once in proportion, 200 texts of 200 KB then 60,000 short ones made a first row
     group of 40 MiB (found in review)."""
