@@ -11,11 +11,11 @@ Two parts:
   watched: a stream reads its next window ahead only while the process has room for that
   window's own row groups (decoded, then permuted) and for the batches that may be made
   ahead, a thread makes a batch ahead only while it has room for the largest batch so far,
-  and freed pages go back to the system (Arrow's
-  pool and glibc's heaps) when it has not. A window or batch the caller waits for is made
-  anyway (the least memory that makes progress), so the budget slows a loader down and
-  never stalls it; when that least passes the budget (a large batch of heavy rows, list
-  columns padded to a batch's longest row), a warning says so.
+  and freed pages go back to the system (Arrow's pool and glibc's heaps) when it has not.
+  A window or batch the caller waits for is made anyway (the least memory that makes
+  progress), so the budget slows a loader down and never stalls it; when that least passes
+  the budget (a large batch of heavy rows, list columns padded to a batch's longest row),
+  a warning says so.
 
 The budget counts what the loader adds: the RSS growth of the process above what it was when the
 iteration began (each worker process of ``to_torch`` holds its share of its own). Memory the

@@ -93,7 +93,7 @@ def warn_unmixed(dataset: ParquetDataset, config: LoaderConfig, window_rows: int
     typical = int(np.median(d.num_rows))
     if window_rows > typical or typical < 2:  # row groups of one row: a window is one row,
         return  # and shuffling row groups is shuffling rows
-    heavy = int(np.argmin(np.abs(d.num_rows - typical)))
+    example = int(np.argmin(np.abs(d.num_rows - typical)))
     window_mib = window_rows * bytes_per_row(d.num_rows, d.byte_size) / 2**20
     budget = "" if config.memory_budget_bytes is None else (
         f", as memory_budget_bytes={config.memory_budget_bytes:,} leaves it")
@@ -101,7 +101,7 @@ def warn_unmixed(dataset: ParquetDataset, config: LoaderConfig, window_rows: int
         f"shuffle=True permutes the rows of one row group at a time here: the shuffle window "
         f"of ~{window_rows:,} rows (~{window_mib:,.1f} MiB decoded{budget}) holds no more than "
         f"one of this dataset's row groups, which hold ~{typical:,} rows (e.g. "
-        f"{d.where(heavy)}, ~{int(d.byte_size[heavy]) / 2**20:,.1f} MiB decoded), so rows of "
+        f"{d.where(example)}, ~{int(d.byte_size[example]) / 2**20:,.1f} MiB decoded), so rows of "
         "different row groups and files never meet in a batch; "
         "write the dataset with smaller row groups (write_dataset(row_group_size=...)), or "
         "give shuffle_window_rows= (memory grows with it)", UserWarning,
