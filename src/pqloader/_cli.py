@@ -169,11 +169,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print(json.dumps([{**settings, **result.as_dict()} for settings, result in ranked]))
         return 0
     best = ranked[0][1].rows_per_s
-    print(f"{'num_workers':>11} {'prefetch':>8} {'rows/s':>12} {'x best':>7} {'first s':>8}")
-    for settings, result in ranked:
+    print(f"{'num_workers':>11} {'prefetch':>8} {'rows/s':>12} {'x best':>7} {'first s':>8} "
+          f"{'peak MiB':>9}")
+    for settings, result in ranked:  # the peak: what a setting costs beside its rate
         print(f"{settings['num_workers']:>11} {settings.get('prefetch_factor', '-'):>8} "
               f"{result.rows_per_s:>12,.0f} {result.rows_per_s / best:>7.2f} "
-              f"{result.first_batch_s or 0.0:>8.2f}")  # (tune refuses a dataset of no row)
+              f"{result.first_batch_s or 0.0:>8.2f} "  # (tune refuses a dataset of no row)
+              f"{result.peak_rss_mib:>9,.0f}")
     top = ranked[0][0]
     print(f"best: DataLoader(ds, batch_size={args.batch_size}, "
           + ", ".join(f"{k}={v!r}" for k, v in top.items()) + ")")

@@ -638,6 +638,11 @@ def test_tune_ranks_settings_best_first(make_dataset, capsys) -> None:
     rates = [r["rows_per_s"] for r in ranked]
     assert rates == sorted(rates, reverse=True)
     assert all(r["rows"] == 500 for r in ranked)
+    code, out, _ = run(capsys, "tune", make_dataset(2000), "--batch-size", "100",
+                       "--max-batches", "5", "--repeats", "1", "--settle-s", "0.5")
+    header, first = out.splitlines()[:2]
+    assert header.endswith("peak MiB")
+    assert float(first.split()[-1].replace(",", "")) > 0  # each setting's peak RSS
 
 
 @pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
