@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from ._torch import TorchIterable
 
 _ROW_GROUP_CACHE = 4  # decoded row groups kept for map-style access
-_REPR_COLUMNS = 30  # columns a repr names; ds.columns has them all
+_REPR_ALL = 40  # a repr names every column up to this many,
+_REPR_COLUMNS = 30  # else this many (ds.columns has them all)
 
 
 def _row_numbers(indices: Any, num_rows: int) -> np.ndarray:
@@ -190,7 +191,8 @@ class ParquetDataset:
         return int(self._offsets[-1])
 
     def __repr__(self) -> str:
-        shown = list(itertools.islice(self.columns.items(), _REPR_COLUMNS))
+        most = len(self.columns) if len(self.columns) <= _REPR_ALL else _REPR_COLUMNS
+        shown = list(itertools.islice(self.columns.items(), most))
         cols = ", ".join(f"{n}: {t}" for n, t in shown)
         if len(self.columns) > len(shown):  # 5,000 columns made a 69 KB repr
             cols += f", ... ({len(self.columns) - len(shown):,} more: ds.columns)"

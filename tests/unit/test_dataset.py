@@ -62,7 +62,7 @@ def test_fragment_rows_is_read_only(dataset_path: Path) -> None:
     assert len(ds) == 1000
 
 
-def test_repr_of_a_wide_table_names_30_columns(tmp_path: Path) -> None:
+def test_repr_of_a_wide_table_names_30_columns_of_5000(tmp_path: Path) -> None:
     pqloader.write_dataset(pa.table({f"c{i}": [i] for i in range(5_000)}), tmp_path)
     text = repr(pqloader.ParquetDataset(tmp_path))
     assert "c29: int64, ... (4,970 more: ds.columns))" in text and len(text) < 1_000
