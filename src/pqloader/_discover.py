@@ -34,7 +34,7 @@ from ._int96 import file_schema
 from ._manifest import match_manifest, read_manifest
 from ._schema import hive_partition, partition_schema, typed_first, unify, unviewed
 from ._signed import redact
-from ._sizes import RowBytes, fragment_bytes
+from ._sizes import RowBytes, file_rows, fragment_bytes
 from ._sources import expand_source, list_remote
 from ._widen import common_number, widened_bytes
 
@@ -255,15 +255,17 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
     widened = _widened(schemas, full, len(groups))
     for i, (rows, sizes, per_row) in enumerate(groups):
         per_row = widen_row_bytes(per_row, widened[i])
+        shown = file_rows(per_row, schema.names)  # once a file: see FileRows
+        with_filter = file_rows(per_row, read) if read != schema.names else None
         for rg, (n, size) in enumerate(zip(rows, sizes, strict=True)):
             if n == 0:
                 continue
             file_index.append(i)
             row_group.append(rg)
             num_rows.append(n)
-            byte_size.append(fragment_bytes(n, per_row, schema.names, size))
+            byte_size.append(fragment_bytes(n, shown, size))
             if read != schema.names:
-                read_bytes.append(fragment_bytes(n, per_row, read, size))
+                read_bytes.append(fragment_bytes(n, with_filter, size))
     return Discovery(
         files=tuple(entries),
         schema=schema,

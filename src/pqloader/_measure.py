@@ -13,7 +13,7 @@ from ._discover import Discovery, read_columns, widen_row_bytes
 from ._errors import PQLoaderError
 from ._read import FragmentReader
 from ._samples import measure, measure_files
-from ._sizes import Sample, fragment_bytes, has_bytes, leaf_owners, row_bytes
+from ._sizes import Sample, file_rows, fragment_bytes, has_bytes, leaf_owners, row_bytes
 
 
 def measure_strings(d: Discovery) -> Discovery:
@@ -49,8 +49,9 @@ def measure_strings(d: Discovery) -> Discovery:
                 for f, (md, own) in enumerate(zip(footers, samples, strict=True))]
 
     def sizes(names: list[str]) -> np.ndarray:  # as _discover's index computes them
+        rows = [file_rows(per_row, names) for per_row in per_file]
         return np.asarray([
-            fragment_bytes(n, per_file[f], names, footers[f].row_group(rg).total_byte_size)
+            fragment_bytes(n, rows[f], footers[f].row_group(rg).total_byte_size)
             for f, rg, n in zip(d.file_index.tolist(), d.row_group.tolist(),
                                 d.num_rows.tolist(), strict=True)], dtype=np.int64)
 

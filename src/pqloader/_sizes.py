@@ -148,10 +148,29 @@ def leaf_count(t: pa.DataType) -> int:
     return sum(leaf_count(t.field(i).type) for i in range(t.num_fields))
 
 
-def fragment_bytes(rows: int, per_row: RowBytes | None, columns: list[str],
-                   encoded: int) -> int:
-    """A row group's decoded size for ``columns`` (those the file has); ``encoded`` (the
-    footer's ``total_byte_size``) where the per-row sizes are unknown.
+@dataclass(frozen=True)
+class FileRows:
+    """A file's decoded bytes a row: of the columns read (``wanted``), of all its columns
+    (``total``), and whether those are all read (``every``). Worked out once a file, not
+    once a row group: a row group's check of every column against the list of those read
+    made opening 5,001 columns in 128 row groups take 11.6 s, not 0.13."""
+
+    wanted: float
+    total: float
+    every: bool
+
+
+def file_rows(per_row: RowBytes | None, columns: list[str]) -> FileRows | None:
+    """``per_row`` for ``columns`` (those the file has; a partition column counts 8 bytes)."""
+    if per_row is None:
+        return None
+    return FileRows(sum(per_row.get(c, 8.0) for c in columns), sum(per_row.values()),
+                    per_row.keys() <= set(columns))
+
+
+def fragment_bytes(rows: int, sizes: FileRows | None, encoded: int) -> int:
+    """A row group's decoded size for the columns of ``sizes`` (:func:`file_rows`);
+    ``encoded`` (the footer's ``total_byte_size``) where the per-row sizes are unknown.
 
     The per-row sizes are the file's, from its largest row group: a file whose row groups
     hold rows of very different sizes (sorted by length, say) had its heavy row groups sized
@@ -163,14 +182,11 @@ def fragment_bytes(rows: int, per_row: RowBytes | None, columns: list[str],
     a share of it by the file's row sizes was 4,000x off, and differed between a manifest
     and the footers, which measure other columns; a projection needs each row group's own
     column sizes in the index.)"""
-    if per_row is None:
+    if sizes is None:
         return encoded
-    wanted = sum(per_row.get(c, 8.0) for c in columns)  # else: a partition column
-    total = sum(per_row.values())
-    every = all(c in columns for c in per_row)  # the pages count the columns read, no more
-    if every and rows and total > 0 and encoded / rows > _HEAVIER * total:
-        return int(max(rows * wanted, encoded))
-    return int(rows * wanted)
+    if sizes.every and rows and sizes.total > 0 and encoded / rows > _HEAVIER * sizes.total:
+        return int(max(rows * sizes.wanted, encoded))
+    return int(rows * sizes.wanted)
 
 
 _HEAVIER = 2.0  # a row group's pages per row past this many times the file's row size

@@ -254,7 +254,7 @@ def _heavy_beside_light(tmp_path: Path) -> pqloader.ParquetDataset:
 
 def test_a_budget_its_padded_batches_pass_is_warned_of(tmp_path: Path) -> None:
     """Token lists of 1 beside a few of 2,000: nearly every shuffled batch of 8,192 rows pads
-    to 2,000, 64 MiB a batch, which no window size can help; the loader passed its budget
+    to 2,000, 62 MiB a batch, which no window size can help; the loader passed its budget
     silently."""
     short = pa.ListArray.from_arrays(np.arange(400_001, dtype=np.int32),
                                      np.ones(400_000, np.int32))
