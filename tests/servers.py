@@ -371,7 +371,8 @@ class Request(NamedTuple):
     status: int
     bytes_sent: int
     range: str
-    seconds: float
+    seconds: float  # from its first byte read to its last byte sent
+    end: float  # when it was answered (Unix time, to the millisecond)
 
 
 class _Nginx(_Processes):
@@ -388,9 +389,10 @@ class _Nginx(_Processes):
         out = []
         log = self.dir / "access.log"
         for line in log.read_text().splitlines() if log.exists() else []:
-            method, path, query, status, sent, byte_range, secs = line.split("\t")
+            method, path, query, status, sent, byte_range, secs, end = line.split("\t")
             out.append(Request(method, path, query.removeprefix("-"), int(status), int(sent),
-                               byte_range.removeprefix("-"), float(secs)))  # "-": empty
+                               byte_range.removeprefix("-"), float(secs),  # "-": empty
+                               float(end)))
         return out
 
     def settled_requests(self, quiet_s: float = 0.3, timeout_s: float = 10.0) -> list[Request]:
@@ -423,7 +425,7 @@ error_log {d}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
     log_format pq "$request_method\t$uri\t$args\t$status\t"
-                  "$body_bytes_sent\t$http_range\t$request_time";
+                  "$body_bytes_sent\t$http_range\t$request_time\t$msec";
     access_log {d}/access.log pq;
 {temp}
     default_type application/octet-stream;

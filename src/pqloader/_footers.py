@@ -36,16 +36,29 @@ def row_groups(md: pq.FileMetaData) -> RowGroups:
             row_bytes(md))
 
 
+def tail_range(size: int) -> tuple[int, int]:
+    """The range of a remote file fetched for its footer: its last 64 KiB, or all of it."""
+    n = min(size, _TAIL_BYTES)
+    return size - n, n
+
+
 def remote_footer(store: Store, cache: Cache | None, obj: ObjectInfo) -> pq.FileMetaData:
     """A remote file's footer: one request for the file's last 64 KiB (two if the footer is
     larger), through the cache."""
+    return remote_footer_and_tail(store, cache, obj)[0]
+
+
+def remote_footer_and_tail(store: Store, cache: Cache | None, obj: ObjectInfo
+                           ) -> tuple[pq.FileMetaData, pa.Buffer]:
+    """:func:`remote_footer`, and the bytes of :func:`tail_range` it came in: the row groups
+    of a small file are in them too."""
     url = store.url(obj.path)
     if obj.size < 12:
         raise CorruptFileError(f"{url}: {obj.size} bytes is too short for a Parquet file; "
                                "remove it or pass a glob that matches only Parquet files")
-    n = min(obj.size, _TAIL_BYTES)
-    tail = bytes(cached_ranges(store, cache, obj.path, obj.version,
-                               [(obj.size - n, n)])[(obj.size - n, n)])
+    r = tail_range(obj.size)
+    fetched = pa.py_buffer(cached_ranges(store, cache, obj.path, obj.version, [r])[r])
+    tail = fetched.to_pybytes()
     if tail[-4:] != b"PAR1":
         raise CorruptFileError(f"{url}: not a Parquet file (no PAR1 at its end); remove it "
                                "or pass a glob that matches only Parquet files")
@@ -53,11 +66,11 @@ def remote_footer(store: Store, cache: Cache | None, obj: ObjectInfo) -> pq.File
     if length > obj.size - 4:
         raise CorruptFileError(f"{url}: its footer claims {length} bytes of a {obj.size}-byte "
                                "file; the file is truncated: rewrite it or remove it")
-    if length > n:
-        r = (obj.size - length, length)
-        tail = bytes(cached_ranges(store, cache, obj.path, obj.version, [r])[r])
+    if length > r[1]:
+        whole = (obj.size - length, length)
+        tail = bytes(cached_ranges(store, cache, obj.path, obj.version, [whole])[whole])
     try:
-        return pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-length:]))
+        return pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-length:])), fetched
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptFileError(f"{url}: not a readable Parquet footer ({exc}); rewrite the "
                                "file or remove it") from exc

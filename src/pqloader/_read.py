@@ -10,8 +10,11 @@ row group's entry when one is cached.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -29,7 +32,7 @@ from ._errors import (
     SchemaMismatchError,
 )
 from ._fetch import cached_ranges
-from ._footers import remote_footer
+from ._footers import remote_footer_and_tail, tail_range
 from ._fs import ObjectInfo
 from ._int96 import READ as INT96
 from ._int96 import file_schema
@@ -38,10 +41,11 @@ from ._schema import same_type, unviewed
 from ._sizes import leaf_count
 from ._widen import fits
 
-_MAX_PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
+PARALLEL_FRAGMENTS = 8  # remote fragments fetched at once: of one window, or read ahead unshuffled
 _CHANGED = ("the file changed since the dataset was opened, or since the manifest that "
             "opened it was written (it matches files by name and size only): open the "
             "dataset again, and delete a stale _pqloader_manifest.json")
+_KEPT_TAILS = 32  # remote footers' tails kept per reader (64 KiB each at most)
 _NO_SPLIT = 1 << 62  # coalesce's part size when ranges are merged only, never cut
 
 
@@ -60,6 +64,11 @@ class FragmentReader:
         # Footers of files opened from a manifest, read at their first use (a footer holds no
         # data buffers, unlike an open file); dict reads and writes are atomic across threads.
         self._footers: dict[int, pq.FileMetaData] = {}
+        self._fetching: dict[int, threading.Lock] = {}  # per file: one fetch of its footer
+        self._pid = os.getpid()  # a lock held at a fork stays held in the child: made anew
+        # The tails the last remote footers came in: a small file's row groups are in its
+        # tail, and were fetched (and cached) again right after it (found in review).
+        self._tails: OrderedDict[int, pa.Buffer] = OrderedDict()
         parts = set(discovery.partition_schema.names)
         wanted = list(discovery.schema.names)  # and the filter's, read to apply it
         if discovery.filter is not None:
@@ -80,18 +89,35 @@ class FragmentReader:
             return entry.metadata
         footer = self._footers.get(file_index)
         if footer is None:
-            store = self._d.store
-            if store is None:
-                size = os.path.getsize(entry.path)
-                if size != entry.size_bytes:
-                    raise SchemaMismatchError(
-                        f"{entry.path} is {size:,} bytes, {entry.size_bytes:,} when the "
-                        f"dataset was opened; {_CHANGED}")
-                footer = pq.read_metadata(entry.path)
-            else:
-                footer = remote_footer(store, self._d.cache, self._object(entry))
-            self._check_types(entry, footer)
-            self._footers[file_index] = footer
+            # Threads reading a file's row groups at once each fetched its footer (up to 6x
+            # per file, found in review): the first fetches, the others wait for it.
+            if self._pid != os.getpid():
+                self._fetching, self._pid = {}, os.getpid()
+            with self._fetching.setdefault(file_index, threading.Lock()):
+                footer = self._footers.get(file_index)
+                if footer is None:
+                    footer = self._read_footer(file_index)
+                    self._footers[file_index] = footer
+        return footer
+
+    def _read_footer(self, file_index: int) -> pq.FileMetaData:
+        """A file's footer, read at its first use, checked against what the manifest said."""
+        entry = self._d.files[file_index]
+        store = self._d.store
+        if store is None:
+            size = os.path.getsize(entry.path)
+            if size != entry.size_bytes:
+                raise SchemaMismatchError(
+                    f"{entry.path} is {size:,} bytes, {entry.size_bytes:,} when the "
+                    f"dataset was opened; {_CHANGED}")
+            footer = pq.read_metadata(entry.path)
+        else:
+            footer, tail = remote_footer_and_tail(store, self._d.cache, self._object(entry))
+            self._tails[file_index] = tail  # dicts are atomic across threads
+            while len(self._tails) > _KEPT_TAILS:
+                with contextlib.suppress(KeyError, RuntimeError):  # another thread's pop
+                    self._tails.popitem(last=False)
+        self._check_types(entry, footer)
         return footer
 
     def _check_types(self, entry: FileEntry, footer: pq.FileMetaData) -> None:
@@ -122,7 +148,7 @@ class FragmentReader:
         """Several fragments, in order; remote ones are fetched in parallel."""
         if self._d.store is None or len(fragments) < 2:
             return [self.read(f) for f in fragments]
-        workers = min(_MAX_PARALLEL_FRAGMENTS, len(fragments))
+        workers = min(PARALLEL_FRAGMENTS, len(fragments))
         with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-fetch") as pool:
             return list(pool.map(self.read, fragments))
 
@@ -203,8 +229,8 @@ class FragmentReader:
         # hole_bytes between them: the gaps of a projection of a wide table, the columns not
         # read, are neither fetched nor cached when they are larger than that.
         spans = coalesce(ranges, d.store.retry.hole_bytes, part=_NO_SPLIT)
-        chunks = self._within_whole(obj, rg, spans) or cached_ranges(
-            d.store, d.cache, obj.path, obj.version, spans)
+        chunks = self._within_tail(file_index, obj, spans) or self._within_whole(
+            obj, rg, spans) or cached_ranges(d.store, d.cache, obj.path, obj.version, spans)
         store, cache = d.store, d.cache
 
         def fetch(offset: int, length: int) -> Buffer:  # a read outside the known chunks
@@ -212,6 +238,30 @@ class FragmentReader:
             return cached_ranges(store, cache, obj.path, obj.version, [r])[r]
 
         return pa.PythonFile(_RangeFile(obj.size, chunks, fetch), mode="r")
+
+    def _within_tail(self, file_index: int, obj: ObjectInfo, spans: list[Range]
+                     ) -> dict[Range, Buffer] | None:
+        """``spans`` sliced out of the tail fetched for the file's footer, when they lie in
+        it (a small file's row groups; a large file's last, when small) and it is at hand:
+        fetched here lately, or in the cache. None otherwise."""
+        d = self._d
+        assert d.store is not None
+        start, n = tail_range(obj.size)
+        if any(a < start or a + length > start + n for a, length in spans):
+            return None
+        tail = self._tails.get(file_index)
+        if tail is None:
+            if d.cache is None or obj.version is None:
+                return None
+            try:
+                tail = d.cache.get(d.store.url(obj.path), obj.version, start, n)
+            except CorruptCacheEntry:
+                d.store.stats.add(cache_corrupt=1)
+                return None
+            if tail is None:
+                return None
+            d.store.stats.add(cache_hits=1)
+        return {(a, length): tail.slice(a - start, length) for a, length in spans}
 
     def _within_whole(self, obj: ObjectInfo, rg: Any, spans: list[Range]
                       ) -> dict[Range, Buffer] | None:
