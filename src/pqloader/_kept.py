@@ -144,10 +144,14 @@ def _count(d: Discovery, probe: FragmentReader, chunk: list[int]) -> np.ndarray:
         counts.extend(int(keep[a:b].sum()) for a, b in itertools.pairwise(bounds))
         held.clear()
 
-    for i in chunk:
-        held.append((i, probe.read(i)))
-        if sum(t.nbytes for _, t in held) >= _CHUNK_BYTES:
+    held_bytes = 0  # a running sum: summed anew at each row group, 20,000 row groups of 100
+    for i in chunk:  # rows took 222 s to open, 4.4 s for 2,000 (found in review)
+        table = probe.read(i)
+        held.append((i, table))
+        held_bytes += table.nbytes
+        if held_bytes >= _CHUNK_BYTES:
             test()
+            held_bytes = 0
     if held:
         test()
     return np.asarray(counts, dtype=np.int64)

@@ -191,9 +191,15 @@ class Stages:
             raise
         return columns
 
+    @functools.cached_property
+    def first_rows(self) -> np.ndarray:
+        """Each fragment's first global row number (made once: a sum over every row group
+        made per window cost an unshuffled epoch of 200,000 row groups 19 s)."""
+        return np.concatenate([[0], np.cumsum(self.reader.discovery.num_rows)])
+
     def _row_numbers(self, window: Window, permutation: np.ndarray | None) -> np.ndarray:
         """Global row numbers (files and row groups in index order) of a window, as emitted."""
-        first = np.concatenate([[0], np.cumsum(self.reader.discovery.num_rows)])
+        first = self.first_rows
         rows = np.concatenate([np.arange(first[s.fragment] + s.start, first[s.fragment] + s.stop)
                                for s in window.slices])
         return rows if permutation is None else rows[permutation]

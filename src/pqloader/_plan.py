@@ -226,9 +226,11 @@ def plan_epoch(
 
 def advance(segments: tuple[Segment, ...], rows: int) -> tuple[Segment, ...]:
     """The segments left once their first ``rows`` rows are delivered."""
-    out = list(segments)
-    while out and out[0].num_rows <= rows:
-        rows -= out.pop(0).num_rows
+    done = 0  # not list.pop(0): quadratic in an unshuffled plan's segments, one a row group
+    while done < len(segments) and segments[done].num_rows <= rows:
+        rows -= segments[done].num_rows
+        done += 1
+    out = list(segments[done:])
     if rows:
         first = out[0]
         out[0] = Segment(first.window, first.start + rows, first.stop)

@@ -80,19 +80,20 @@ def _rows_once(delivered: list[Segment], left: list[Segment]) -> list[Segment]:
             emitted[w] = ids[w.order()]
         return emitted[w][segment.start:segment.stop]
 
-    seen: set[int] = set()
-    for segment in delivered:
-        if segment.window in shared:
-            seen.update(rows(segment).tolist())
+    # Kept: a row's first time in the delivered rows, then the rows left, in order (with
+    # np.unique, not a set in a Python loop: 3.8 s for 4M-row windows, found in review).
+    before = [rows(s) for s in delivered if s.window in shared]
+    after = [rows(s) for s in left if s.window in shared]
+    every = np.concatenate(before + after)
+    _, first, inverse = np.unique(every, return_index=True, return_inverse=True)
+    keeps = iter(np.split(first[inverse.reshape(-1)] == np.arange(len(every)),
+                          np.cumsum([len(r) for r in before + after]))[len(before):])
     out: list[Segment] = []
     for segment in left:
         if segment.window not in shared:
             out.append(segment)
             continue
-        keep = np.ones(segment.num_rows, dtype=bool)
-        for k, row in enumerate(rows(segment).tolist()):
-            keep[k] = row not in seen
-            seen.add(row)
+        keep = next(keeps)
         edges = np.flatnonzero(np.diff(np.concatenate([[0], keep.view(np.int8), [0]])))
         out.extend(Segment(segment.window, segment.start + int(a), segment.start + int(b))
                    for a, b in zip(edges[::2], edges[1::2], strict=True))
