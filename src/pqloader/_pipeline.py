@@ -329,7 +329,7 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
     before them are not read; at most the one window the cursor falls in is read partly.
     ``ahead``: windows read ahead at once.
     """
-    segments = _bounded(advance(plan.segments, sum(plan.batch_sizes[:skip])),
+    segments = _bounded(advance(plan.segments, plan.batch_sizes[:skip].total()),
                         stages.window_rows)
     if stages.reader.discovery.store is not None and segments and \
             segments[0].window.key is None:

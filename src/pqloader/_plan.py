@@ -30,8 +30,11 @@ ranks left to the new world as in steps 2 and 3 (``_remainder.py``).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -92,17 +95,56 @@ def whole(window: Window) -> Segment:
 
 
 @dataclass(frozen=True)
+class BatchSizes(Sequence[int]):
+    """A worker's batch sizes, in order: ``batches`` batches of ``size`` rows, but the last of
+    ``last``. Held as three numbers: as a tuple, 200M rows in batches of 32 held 289 MiB of
+    plan (found in review), which a memory budget counted."""
+
+    size: int
+    batches: int
+    last: int
+
+    def __len__(self) -> int:
+        return self.batches
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> BatchSizes: ...
+
+    def __getitem__(self, i: int | slice) -> int | BatchSizes:
+        if isinstance(i, slice):
+            picked = range(self.batches)[i]
+            if picked.step != 1:
+                raise ValueError("BatchSizes slices take every batch (no step)")
+            ends = bool(picked) and picked[-1] == self.batches - 1
+            return BatchSizes(self.size, len(picked), self.last if ends else self.size)
+        k = range(self.batches)[i]  # IndexError past the end, negative indices
+        return self.last if k == self.batches - 1 else self.size
+
+    def __iter__(self) -> Iterator[int]:
+        if self.batches:
+            yield from itertools.repeat(self.size, self.batches - 1)
+            yield self.last
+
+    def total(self) -> int:
+        """Rows in all these batches."""
+        return 0 if not self.batches else self.size * (self.batches - 1) + self.last
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     """What one worker of one rank does in one epoch."""
 
     worker: int
     segments: tuple[Segment, ...]
-    batch_sizes: tuple[int, ...]  # one per batch this worker makes, in order
-    positions: tuple[int, ...]  # each batch's index in the rank's epoch
+    batch_sizes: BatchSizes  # one per batch this worker makes, in order
+    positions: range  # each batch's index in the rank's epoch
 
     @property
     def num_rows(self) -> int:
-        return sum(self.batch_sizes)
+        return self.batch_sizes.total()
 
 
 @dataclass(frozen=True)
@@ -168,7 +210,7 @@ class _Deal:
 
     num_batches: int
     # per worker: (batch positions, batch sizes, first and end virtual position of its span)
-    workers: tuple[tuple[tuple[int, ...], tuple[int, ...], int, int], ...]
+    workers: tuple[tuple[range, BatchSizes, int, int], ...]
 
 
 def deal_rows(total: int, *, batch_size: int, rank: int, world_size: int, num_workers: int,
@@ -177,14 +219,16 @@ def deal_rows(total: int, *, batch_size: int, rank: int, world_size: int, num_wo
     per_rank = epoch_rows(total, world_size=world_size, drop_last=drop_last)
     nb = per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
     if total == 0 or nb == 0:
-        return _Deal(0, tuple(((), (), 0, 0) for _ in range(workers)))
+        return _Deal(0, tuple((range(0), BatchSizes(batch_size, 0, 0), 0, 0)
+                              for _ in range(workers)))
     last = min(per_rank, nb * batch_size) - (nb - 1) * batch_size
     pos = rank * per_rank
     out = []
     for w in range(workers):
-        positions = tuple(range(w, nb, workers))
-        sizes = tuple(last if k == nb - 1 else batch_size for k in positions)
-        span = sum(sizes)
+        positions = range(w, nb, workers)
+        ends = bool(positions) and positions[-1] == nb - 1  # this worker makes the last batch
+        sizes = BatchSizes(batch_size, len(positions), last if ends else batch_size)
+        span = sizes.total()
         out.append((positions, sizes, pos, pos + span))
         pos += span
     return _Deal(nb, tuple(out))

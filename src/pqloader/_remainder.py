@@ -37,7 +37,7 @@ def remaining(old: list[RankPlan], batches_done: int) -> list[Segment]:
     for plan in old:
         n = len(plan.workers)
         for wp in plan.workers:
-            done = sum(wp.batch_sizes[:len(range(wp.worker, batches_done, n))])
+            done = wp.batch_sizes[:len(range(wp.worker, batches_done, n))].total()
             delivered.extend(_first(wp.segments, done))
             left.extend(advance(wp.segments, done))
     # a remainder's padding repeats positions of its windows; a fresh epoch's, rows of its

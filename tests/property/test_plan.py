@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pqloader._plan import RankPlan, plan_epoch
+from pqloader._plan import BatchSizes, RankPlan, plan_epoch
 
 
 def rows_of(plan: RankPlan, offsets: np.ndarray) -> list[int]:
@@ -143,3 +144,30 @@ def test_shuffle_mixes_fragments_within_a_batch() -> None:
     offsets = np.concatenate([[0], np.cumsum(rows)])
     first = rows_of(plan, offsets)[:256]
     assert len({r // 1000 for r in first}) >= 3, "a batch draws on several row groups"
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(1, 9), batches=st.integers(0, 12), last=st.integers(1, 9),
+       start=st.integers(-14, 14) | st.none(), stop=st.integers(-14, 14) | st.none())
+def test_batch_sizes_behave_as_the_tuple_they_stand_for(size: int, batches: int, last: int,
+                                                        start: int | None,
+                                                        stop: int | None) -> None:
+    sizes = BatchSizes(size, batches, last)
+    spelled = tuple([size] * (batches - 1) + [last]) if batches else ()
+    assert tuple(sizes) == spelled and len(sizes) == len(spelled)
+    assert sizes.total() == sum(spelled)
+    part = sizes[start:stop]
+    assert tuple(part) == spelled[start:stop] and part.total() == sum(spelled[start:stop])
+    for i in range(-batches, batches):
+        assert sizes[i] == spelled[i]
+
+
+def test_a_plan_of_many_small_batches_holds_no_number_per_batch() -> None:
+    """200M rows in batches of 32 planned a tuple of 6M sizes and one of positions per worker
+    (289 MiB, counted by a memory budget: found in review)."""
+    plan = plan_epoch(np.full(3052, 65_536), batch_size=32, rank=0, world_size=1,
+                      num_workers=2, seed=0, epoch=0, shuffle=True, drop_last=False,
+                      window_rows=1_000_000)
+    assert plan.num_batches == 6_250_496
+    assert len(pickle.dumps(plan)) < 2_000_000  # its windows and segments alone
+    assert sum(w.num_rows for w in plan.workers) == 3052 * 65_536
