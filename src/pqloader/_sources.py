@@ -149,7 +149,8 @@ def list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | N
         return [store.info(native)], None, None
     root = native.rstrip("/")
     data, manifest = [], None
-    for obj in store.find(root):
+    # an HTTP folder without its "/" is redirected to it: a round trip more (found in review)
+    for obj in store.find(root + "/" if store.protocol in ("http", "https") else root):
         rel = obj.path[len(root) + 1:] if obj.path.startswith(root + "/") else obj.path
         if rel == MANIFEST_NAME:
             manifest = obj
