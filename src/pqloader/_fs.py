@@ -18,6 +18,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -82,6 +83,33 @@ def make_store(source: object, storage_options: dict[str, Any] | None, filesyste
         raise InvalidArgumentError(f"the sources mix filesystems ({sorted(remote)} and "
                                    "others); open one dataset per filesystem")
     return Store(remote.pop(), storage_options, retry=retry)
+
+
+# Filesystems made (or given) in this process, forgotten by a forked child: their
+# finalizers, run when the child collects its copy, closed the parent's sessions from there
+# on an event loop no thread of the child runs, and asyncio printed "Task exception was
+# never retrieved ... attached to a different loop" (s3fs under process workers with a
+# cache; found in review). The child makes its own (Store.fs).
+_MADE: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # by id: fsspec
+# filesystems of equal options are equal, and a set kept one of them
+
+
+_INHERITED: list[Any] = []  # and kept, never collected: aiohttp warned of each "Unclosed
+# client session" its parent had open
+
+
+def _forget_inherited() -> None:
+    _INHERITED.extend(_MADE.values())
+    inherited = {id(fs) for fs in _INHERITED}
+    registry: dict[Any, Any] = getattr(weakref.finalize, "_registry", {})
+    for finalizer in list(registry):
+        info = finalizer.peek()
+        if info is not None and id(info[0]) in inherited:
+            finalizer.detach()
+    _MADE.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited)
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -157,6 +185,7 @@ class Store:
                 # fresh one from its arguments, as its event loop and sessions are not ours.
                 user = type(user)(*user.storage_args,
                                   **{**user.storage_options, "skip_instance_cache": True})
+                _MADE[id(user)] = user
             return user
         try:
             import fsspec
@@ -171,6 +200,7 @@ class Store:
         fs = cls(skip_instance_cache=True, **options)  # not shared: its retries are ours
         if retries is not None:
             set_retries(self.protocol, fs, retries)
+        _MADE[id(fs)] = fs
         return fs
 
     def _executor(self) -> ThreadPoolExecutor:
