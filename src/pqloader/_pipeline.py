@@ -283,11 +283,15 @@ def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
     pending: deque[tuple[Future[_Loaded], threading.Event, Segment]] = deque()
 
     def early(segment: Segment, needed: threading.Event) -> _Loaded:
-        if memory is not None:
-            memory.wait_for_room(need_bytes(segment), needed, EXITING)
-        if EXITING.is_set():  # an abandoned iterator's read ahead: nobody will take it
-            raise RuntimeError("the interpreter is exiting")
-        return load(segment)
+        reserved = 0 if memory is None else memory.wait_for_room(need_bytes(segment), needed,
+                                                                  EXITING)
+        try:
+            if EXITING.is_set():  # an abandoned iterator's read ahead: nobody will take it
+                raise RuntimeError("the interpreter is exiting")
+            return load(segment)
+        finally:
+            if memory is not None:
+                memory.release(reserved)
 
     def submit(segment: Segment) -> None:
         needed = threading.Event()  # set once the consumer waits for this load
@@ -336,8 +340,9 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
         # Unshuffled windows are one row group each: remote, one read ahead left a round trip
         # per row group unhidden (5x slower than shuffled windows, whose row groups are
         # fetched together, over 20 ms of latency: found in review). Each is a row group of
-        # memory; under a budget, read only once it fits (read_ahead).
-        ahead = max(ahead, PARALLEL_FRAGMENTS)
+        # memory; under a budget, 4 (each read only once it fits: read_ahead): with 8, the
+        # reads' threads held freed memory too, and a review's 100 MiB budget saw 107-113.
+        ahead = max(ahead, PARALLEL_FRAGMENTS if stages.memory is None else 4)
     batches = _cut(read_ahead(stages.load, segments, stages.memory, stages.need_bytes,
                               ahead, stages.timeout_s, lambda seg: stages.describe(seg.window)),
                    plan.batch_sizes[skip:])

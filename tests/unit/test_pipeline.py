@@ -127,8 +127,12 @@ def test_read_ahead_under_a_budget_waits_for_room_past_the_first_window(ahead: i
     waited: list[bool] = []
 
     class Budget:  # records whether each read ahead was already needed when it asked
-        def wait_for_room(self, need: int, needed: threading.Event, stop: Any) -> None:
+        def wait_for_room(self, need: int, needed: threading.Event, stop: Any) -> int:
             waited.append(needed.is_set())
+            return need
+
+        def release(self, reserved: int) -> None:
+            pass
 
     loads = read_ahead(lambda s: s, list(range(6)), memory=Budget(),  # type: ignore[arg-type]
                        need_bytes=lambda segment: 1, ahead=ahead)
