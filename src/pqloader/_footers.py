@@ -3,9 +3,6 @@ ranged request for its tail (through the cache)."""
 
 from __future__ import annotations
 
-import os
-import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,61 +27,6 @@ _TAIL_BYTES = 64 << 10  # a remote footer is fetched with this much of the file'
 # One file's rows and encoded bytes per row group, and its columns' decoded bytes per row.
 RowGroups = tuple[tuple[int, ...], tuple[int, ...], RowBytes | None]
 LocalFooter = tuple[pq.FileMetaData, int, RowGroups, pa.Schema]  # footer, size, groups, schema
-
-
-_HELD_BYTES = 64 << 20  # parsed footers a reader holds, by estimate; the others serialized
-_PARSED_PER_BYTE = 10  # a parsed footer holds 6-11x its serialized bytes (measured: 2 to
-# 2,000 columns); a W1 footer 140 KiB, so 2,000 files' 280 MB
-
-
-class HeldFooters:
-    """Footers read as files are first read (a dataset opened from its manifest), in bounded
-    memory: the last used parsed, within ~64 MiB; the others serialized (a tenth of that),
-    parsed again when used (26 us a 2-column footer, 240 us a W1 file's; its row group
-    reads 59 us and 4.9 ms). Held all parsed, 20,000 small files' footers took 112 MB of a
-    memory budget (found in review). Safe in threads; a fork gets its own lock."""
-
-    def __init__(self, limit: int | None = None) -> None:
-        self._limit = _HELD_BYTES if limit is None else limit
-        self._parsed: OrderedDict[int, tuple[pq.FileMetaData, int]] = OrderedDict()
-        self._serialized: dict[int, pa.Buffer] = {}
-        self._bytes = 0  # estimated, of the parsed ones
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-
-    def _locked(self) -> threading.Lock:
-        if self._pid != os.getpid():  # held by another thread at the fork: never released
-            self._lock, self._pid = threading.Lock(), os.getpid()
-        return self._lock
-
-    def get(self, file_index: int) -> pq.FileMetaData | None:
-        """The file's footer, or None when it was never put here."""
-        with self._locked():
-            held = self._parsed.get(file_index)
-            if held is not None:
-                self._parsed.move_to_end(file_index)
-                return held[0]
-            raw = self._serialized.get(file_index)
-        if raw is None:
-            return None
-        footer = pq.read_metadata(pa.BufferReader(raw))
-        self.put(file_index, footer)
-        return footer
-
-    def put(self, file_index: int, footer: pq.FileMetaData) -> None:
-        size = _PARSED_PER_BYTE * footer.serialized_size
-        with self._locked():
-            if file_index in self._parsed:
-                return
-            self._parsed[file_index] = (footer, size)
-            self._serialized.pop(file_index, None)
-            self._bytes += size
-            while self._bytes > self._limit and len(self._parsed) > 1:
-                evicted, (old, n) = self._parsed.popitem(last=False)
-                self._bytes -= n
-                sink = pa.BufferOutputStream()  # under the lock: a get meanwhile would
-                old.write_metadata_file(sink)  # find neither copy, and read the file again
-                self._serialized[evicted] = sink.getvalue()
 
 
 def row_groups(md: pq.FileMetaData) -> RowGroups:

@@ -32,7 +32,7 @@ from ._errors import (
     SchemaMismatchError,
 )
 from ._fetch import cached_ranges
-from ._footers import HeldFooters, remote_footer_and_tail, tail_range
+from ._footers import remote_footer_and_tail, tail_range
 from ._fs import ObjectInfo
 from ._int96 import READ as INT96
 from ._int96 import file_schema
@@ -62,8 +62,8 @@ class FragmentReader:
         self._d = discovery
         self.verify_checksums = verify_checksums
         # Footers of files opened from a manifest, read at their first use (a footer holds no
-        # data buffers, unlike an open file)
-        self._footers = HeldFooters()
+        # data buffers, unlike an open file); dict reads and writes are atomic across threads.
+        self._footers: dict[int, pq.FileMetaData] = {}
         self._fetching: dict[int, threading.Lock] = {}  # per file: one fetch of its footer
         self._pid = os.getpid()  # a lock held at a fork stays held in the child: made anew
         # The tails the last remote footers came in: a small file's row groups are in its
@@ -97,7 +97,7 @@ class FragmentReader:
                 footer = self._footers.get(file_index)
                 if footer is None:
                     footer = self._read_footer(file_index)
-                    self._footers.put(file_index, footer)
+                    self._footers[file_index] = footer
         return footer
 
     def _read_footer(self, file_index: int) -> pq.FileMetaData:

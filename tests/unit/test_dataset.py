@@ -845,28 +845,3 @@ def test_a_version_1_manifest_is_still_read(tmp_path: Path) -> None:
         ds = pqloader.ParquetDataset(tmp_path)
     assert all(f.metadata is None for f in ds._discovery.files), "no footer was read"
     assert list(ds._discovery.byte_size) == [r["bytes"][0] for r in body["files"]]
-
-
-def test_footers_read_as_files_are_read_are_held_in_bounded_memory(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Opened from its manifest, a dataset read each file's footer at its first read and
-    held them all parsed: 20,000 small files' took 112 MB of a memory budget (found in
-    review). Past a bound the least recently used are held serialized, parsed when used."""
-    from pqloader import _footers
-
-    monkeypatch.setattr(_footers, "_HELD_BYTES", 40_000)  # a few parsed footers
-    pqloader.write_dataset(pa.table({"id": np.arange(6000), "x": np.arange(6000) * 0.5}),
-                           tmp_path / "d", rows_per_file=150, row_group_size=50)
-    ds = pqloader.ParquetDataset(tmp_path / "d")  # from its manifest: no footer read yet
-    held = ds.reader._footers
-    for epoch in range(2):
-        ids = []
-        for batch in pqloader.DataLoader(ds, batch_size=100, shuffle=True, seed=epoch,
-                                         num_workers=2):
-            assert torch.equal(batch["x"], batch["id"] * 0.5)
-            ids.append(batch["id"])
-        assert torch.sort(torch.cat(ids)).values.tolist() == list(range(6000))
-    assert len(held._parsed) + len(held._serialized) == len(ds.files) == 40
-    assert 0 < len(held._parsed) < 40 and held._bytes <= 40_000
-    for i, path in enumerate(ds.files):
-        assert held.get(i).equals(pq.read_metadata(path))
