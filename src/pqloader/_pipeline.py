@@ -340,9 +340,15 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
         # Unshuffled windows are one row group each: remote, one read ahead left a round trip
         # per row group unhidden (5x slower than shuffled windows, whose row groups are
         # fetched together, over 20 ms of latency: found in review). Each is a row group of
-        # memory; under a budget, 4 (each read only once it fits: read_ahead): with 8, the
-        # reads' threads held freed memory too, and a review's 100 MiB budget saw 107-113.
-        ahead = max(ahead, PARALLEL_FRAGMENTS if stages.memory is None else 4)
+        # memory: under a budget, as many as a quarter of it holds (each read only once it
+        # fits: read_ahead), 8 at most: with 8 under a 100 MiB budget, the reads' threads kept
+        # freed memory too (107-113 MiB; 92-93 with 4), and with 4 under any budget, one that
+        # never bound made epochs 1.5x slower (both found in review).
+        most = PARALLEL_FRAGMENTS
+        if stages.memory is not None:
+            largest = int(stages.reader.discovery.held().max(initial=1))
+            most = min(most, max(1, stages.memory.budget_bytes // (4 * max(1, largest))))
+        ahead = max(ahead, most)
     batches = _cut(read_ahead(stages.load, segments, stages.memory, stages.need_bytes,
                               ahead, stages.timeout_s, lambda seg: stages.describe(seg.window)),
                    plan.batch_sizes[skip:])
