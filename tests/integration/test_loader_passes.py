@@ -363,7 +363,7 @@ def test_a_chain_of_elastic_resumes_plans_each_level_once(make_dataset: Any,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Each rank's remainder needs every old rank's plan: remade per rank, a chain of two
     resumes over 8 ranks planned 8**3 epochs (seconds over 16 ranks, minutes over 64)."""
-    from pqloader import _plan, _torch
+    from pqloader import _torch
 
     ds = pqloader.ParquetDataset(make_dataset(ROWS))
     kw: dict[str, Any] = {"batch_size": 5, "shuffle": True, "seed": 2}
@@ -376,19 +376,24 @@ def test_a_chain_of_elastic_resumes_plans_each_level_once(make_dataset: Any,
             next(it)
             it.close()  # type: ignore[attr-defined]
         state = loaders[0].state_dict()
-    calls = 0
-    real = _plan.plan_epoch
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(_torch, "plan_epoch", counted)
+    calls = _count_calls(monkeypatch, _torch, "plan_epoch")
     last = pqloader.DataLoader(ds, rank=0, world_size=6, **kw)
     last.load_state_dict(state)
     next(iter(last))
-    assert calls <= 8 + 1  # the first level's 8 ranks, once (and a fresh plan at most)
+    assert calls[0] <= 8 + 1  # the first level's 8 ranks, once (and a fresh plan at most)
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    """Counts the calls of ``module.name`` from now on, in the list's one item."""
+    calls = [0]
+    real = getattr(module, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
 
 
 def test_len_after_an_elastic_resume_deals_the_remainder_once(
@@ -404,18 +409,10 @@ def test_len_after_an_elastic_resume_deals_the_remainder_once(
     next(it)
     it.close()  # type: ignore[attr-defined]
     state = old.state_dict()
-    calls = 0
-    real = _torch.remaining
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(_torch, "remaining", counted)
+    calls = _count_calls(monkeypatch, _torch, "remaining")
     resumed = pqloader.DataLoader(ds, rank=0, world_size=2, **kw)
     resumed.load_state_dict(state)
     lengths = {len(resumed) for _ in range(5)}
-    assert calls == 1 and lengths == {len(resumed)}
+    assert calls == [1] and lengths == {len(resumed)}
     ids = [int(i) for batch in resumed for i in batch["id"]]
-    assert len(ids) == len(set(ids)) and calls <= 2  # the pass plans with its num_workers
+    assert len(ids) == len(set(ids)) and calls[0] <= 2  # the pass plans with its num_workers
