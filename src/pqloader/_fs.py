@@ -89,13 +89,12 @@ def make_store(source: object, storage_options: dict[str, Any] | None, filesyste
 # finalizers, run when the child collects its copy, closed the parent's sessions from there
 # on an event loop no thread of the child runs, and asyncio printed "Task exception was
 # never retrieved ... attached to a different loop" (s3fs under process workers with a
-# cache; found in review). The child makes its own (Store.fs).
-_MADE: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # by id: fsspec
-# filesystems of equal options are equal, and a set kept one of them
-
-
-_INHERITED: list[Any] = []  # and kept, never collected: aiohttp warned of each "Unclosed
-# client session" its parent had open
+# cache; found in review). The child makes its own (Store.fs). Kept by id: fsspec
+# filesystems of equal options are equal, and a set kept one of them.
+_MADE: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+# In the child, the parent's are kept, never collected: aiohttp warned of each "Unclosed
+# client session" they had open.
+_INHERITED: list[Any] = []
 
 
 def _forget_inherited() -> None:

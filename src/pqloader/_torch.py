@@ -130,7 +130,7 @@ class Planner:
         # (epoch, chain): that epoch's plan is what the chain's plan left (see _state.Cursor)
         self.origin: tuple[int, Mapping[str, Any]] | None = None
         self._levels: dict[str, list[RankPlan]] = {}  # level()'s plans, each made once
-        self._remainders: dict[str, RankPlan] = {}  # plan()'s of a resumed epoch: the last
+        self._remainders: dict[str, RankPlan] = {}  # plan()'s of a resumed epoch, a few
 
     def __getstate__(self) -> dict[str, Any]:  # plans are remade where needed, not shipped
         return {**self.__dict__, "_levels": {}, "_remainders": {}}
