@@ -213,7 +213,14 @@ class Store:
 
     # listing
     def info(self, path: str) -> ObjectInfo:
-        return _object_info(self._call(lambda: self.fs.info(path), path))
+        return self.info_and_type(path)[0]
+
+    def info_and_type(self, path: str) -> tuple[ObjectInfo, str | None]:
+        """The object's info, and its media type where the filesystem tells (HTTP's
+        Content-Type: ``text/html`` for a folder's index page)."""
+        info = self._call(lambda: self.fs.info(path), path)
+        mimetype = info.get("mimetype")
+        return _object_info(info), str(mimetype).partition(";")[0] if mimetype else None
 
     def find(self, path: str) -> list[ObjectInfo]:
         """Every object below ``path`` (recursively), or ``path`` itself if it is an object."""
