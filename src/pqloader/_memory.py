@@ -198,33 +198,32 @@ class MemoryBudget:
         return self._last_used + need_bytes <= self.budget_bytes
 
     def wait_for_room(self, need_bytes: int, needed: threading.Event,
-                      stop: threading.Event | None = None) -> int:
+                      stop: threading.Event | None = None) -> None:
         """Return once ``need_bytes`` more fit in the budget, or at once when ``needed`` is set
         (the caller waits for what this read makes: reading now is the least that progresses)
-        or ``stop`` is (the interpreter exits). The bytes are reserved until :meth:`release`
-        (returned for it): reads admitted together each saw the same room, and 8 unshuffled
-        remote reads ahead held 1.5x a budget (found in review).
+        or ``stop`` is (the interpreter exits). The bytes are reserved until :meth:`release`:
+        reads admitted together each saw the same room, and 8 unshuffled remote reads ahead
+        held 1.5x a budget (found in review).
         """
         if self._admit(need_bytes):
-            return need_bytes
+            return
         while True:
             release_unused()
             if self._admit(need_bytes):
-                return need_bytes
+                return
             if needed.wait(_RECHECK_S) or (stop is not None and stop.is_set()):
-                with self._admitting:
-                    self._reserved += need_bytes
-                return need_bytes
+                self._admit(need_bytes, force=True)
+                return
 
-    def _admit(self, need_bytes: int) -> bool:
+    def _admit(self, need_bytes: int, force: bool = False) -> bool:
         with self._admitting:
-            if self.used() + self._reserved + need_bytes + self.batches_ahead \
+            if not force and self.used() + self._reserved + need_bytes + self.batches_ahead \
                     > self.budget_bytes:
                 return False
             self._reserved += need_bytes
             return True
 
-    def release(self, reserved: int) -> None:
+    def release(self, need_bytes: int) -> None:
         """A read admitted by :meth:`wait_for_room` is done: its bytes are in the RSS now."""
         with self._admitting:
-            self._reserved -= reserved
+            self._reserved -= need_bytes

@@ -6,7 +6,6 @@ Each stage is a plain generator; :func:`worker_batches` composes them for one ``
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import threading
 from collections import deque
@@ -18,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import LoaderTimeoutError, PQLoaderError
@@ -26,6 +24,7 @@ from ._memory import MemoryBudget
 from ._plan import Segment, Slice, Window, WorkerPlan, advance
 from ._read import PARALLEL_FRAGMENTS, FragmentReader
 from ._threads import EXITING, DaemonPool
+from ._transform import transform_arity, transform_rng_keyword
 
 Columns = dict[str, Any]  # name -> numpy array (numbers) or Arrow array
 ROWS = "__pqloader_rows__"  # the hidden column of global row numbers, when auditing
@@ -35,52 +34,6 @@ ROWS = "__pqloader_rows__"  # the hidden column of global row numbers, when audi
 class _Loaded:
     columns: Columns  # the window's columns, already in emission order
     num_rows: int
-
-
-_RNG_NAMES = ("rng", "generator", "gen")
-
-
-def transform_arity(transform: Callable[..., Any] | None) -> int:
-    """1 for ``transform(batch)``, 2 for ``transform(batch, rng)``.
-
-    The generator is passed when a second positional parameter is required, or is named
-    ``rng`` (or ``generator``) even with a default. Not for ``f(batch, scale=2.0)``, nor for
-    ``*args`` alone: a ``torch.nn.Module`` (``__call__(*args, **kwargs)``; its ``forward`` is
-    read instead), ``nn.Sequential`` or a torchvision transform takes the batch alone.
-    """
-    if transform is None:
-        return 0
-    params = _parameters(transform)
-    if params is None:  # builtins without a signature
-        return 1
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) < 2:
-        return 1
-    second = positional[1]
-    return 2 if second.default is second.empty or second.name in _RNG_NAMES else 1
-
-
-def transform_rng_keyword(transform: Callable[..., Any] | None) -> str | None:
-    """The keyword-only parameter the generator goes to (``def f(batch, *, rng=None)``: it got
-    None, silently, found in review), where :func:`transform_arity` passes none: one named
-    ``rng`` (or ``generator``, ``gen``), and not one a ``functools.partial`` has bound."""
-    if transform is None or transform_arity(transform) == 2:
-        return None
-    bound = transform.keywords if isinstance(transform, functools.partial) else {}
-    for p in _parameters(transform) or ():
-        if p.kind is p.KEYWORD_ONLY and p.name in _RNG_NAMES and p.name not in bound:
-            return p.name
-    return None
-
-
-def _parameters(transform: Callable[..., Any]) -> list[inspect.Parameter] | None:
-    forward = getattr(transform, "forward", None)
-    target = forward if isinstance(transform, torch.nn.Module) and callable(forward) \
-        else transform
-    try:
-        return list(inspect.signature(target).parameters.values())
-    except (TypeError, ValueError):  # builtins without a signature
-        return None
 
 
 @dataclass(frozen=True)
@@ -283,15 +236,16 @@ def read_ahead(load: Callable[[Segment], _Loaded], windows: Sequence[Segment],
     pending: deque[tuple[Future[_Loaded], threading.Event, Segment]] = deque()
 
     def early(segment: Segment, needed: threading.Event) -> _Loaded:
-        reserved = 0 if memory is None else memory.wait_for_room(need_bytes(segment), needed,
-                                                                  EXITING)
+        need = 0 if memory is None else need_bytes(segment)
+        if memory is not None:
+            memory.wait_for_room(need, needed, EXITING)
         try:
             if EXITING.is_set():  # an abandoned iterator's read ahead: nobody will take it
                 raise RuntimeError("the interpreter is exiting")
             return load(segment)
         finally:
             if memory is not None:
-                memory.release(reserved)
+                memory.release(need)
 
     def submit(segment: Segment) -> None:
         needed = threading.Event()  # set once the consumer waits for this load

@@ -11,7 +11,6 @@ row group's entry when one is cached.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import threading
 from collections import OrderedDict
@@ -36,6 +35,7 @@ from ._footers import remote_footer_and_tail, tail_range
 from ._fs import ObjectInfo
 from ._int96 import READ as INT96
 from ._int96 import file_schema
+from ._rangefile import RangeFile
 from ._ranges import Range, coalesce
 from ._schema import same_type, unviewed
 from ._sizes import leaf_count
@@ -237,7 +237,7 @@ class FragmentReader:
             r = (offset, length)
             return cached_ranges(store, cache, obj.path, obj.version, [r])[r]
 
-        return pa.PythonFile(_RangeFile(obj.size, chunks, fetch), mode="r")
+        return pa.PythonFile(RangeFile(obj.size, chunks, fetch), mode="r")
 
     def _within_tail(self, file_index: int, obj: ObjectInfo, spans: list[Range]
                      ) -> dict[Range, Buffer] | None:
@@ -367,51 +367,3 @@ def _chunk_range(col: Any, file_size: int) -> Range:
     if col.has_dictionary_page and 0 < col.dictionary_page_offset < start:
         start = col.dictionary_page_offset
     return start, max(0, min(col.total_compressed_size, file_size - start))
-
-
-class _RangeFile(io.RawIOBase):
-    """A read-only file of ``size`` bytes of which only some ranges are known; a read
-    elsewhere is fetched (rarely: padding that some writers' readers expect)."""
-
-    def __init__(self, size: int, chunks: dict[Range, Buffer], fetch: Any) -> None:
-        super().__init__()
-        self._size = size
-        self._chunks = sorted(chunks.items())
-        self._fetch = fetch
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._size}[whence]
-        self._pos = base + pos
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def size(self) -> int:
-        return self._size
-
-    def read(self, n: int | None = -1) -> Buffer:
-        pos = self._pos
-        n = self._size - pos if n is None or n < 0 else min(n, self._size - pos)
-        self._pos = pos + n
-        end = pos + n
-        parts = []
-        at = pos
-        for (off, length), data in self._chunks:  # sorted; pyarrow may read several at once
-            if off <= at < off + length:
-                parts.append(memoryview(data)[at - off:min(end, off + length) - off])
-                at = min(end, off + length)
-                if at == end:
-                    return parts[0] if len(parts) == 1 else b"".join(parts)
-        fetched: Buffer = self._fetch(pos, n)
-        return fetched
-
-    def readall(self) -> Buffer:  # type: ignore[override]
-        return self.read(-1)

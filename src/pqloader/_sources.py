@@ -145,22 +145,21 @@ def list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | N
         return found, None, None
     # A URL ending in "/" names a folder: listed at once, without a request to ask whether
     # it is one (a round trip per open: 70 ms through bench_remote's proxy).
+    http = store.protocol in ("http", "https")
     if not source.endswith("/"):
-        if store.protocol in ("http", "https"):
+        if http:
             # fsspec's isdir GETs the URL to look for links in it: a file's first megabytes
             # were sent for nothing (4 of a 16 MB file's, on loopback), before a HEAD for its
-            # size. One HEAD tells both: an index page is a folder.
+            # size. One HEAD tells both: an index page (text/html) is a folder.
             info, mimetype = store.info_and_type(native)
-            if mimetype not in ("text/html", None):
-                return [info], None, None
-            if mimetype is None and not store.isdir(native):
+            if mimetype != "text/html" and (mimetype is not None or not store.isdir(native)):
                 return [info], None, None
         elif not store.isdir(native):
             return [store.info(native)], None, None
     root = native.rstrip("/")
     data, manifest = [], None
     # an HTTP folder without its "/" is redirected to it: a round trip more (found in review)
-    for obj in store.find(root + "/" if store.protocol in ("http", "https") else root):
+    for obj in store.find(root + "/" if http else root):
         rel = obj.path[len(root) + 1:] if obj.path.startswith(root + "/") else obj.path
         if rel == MANIFEST_NAME:
             manifest = obj

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from pqloader._pipeline import read_ahead, transform_arity, transform_rng_keyword
+from pqloader._pipeline import read_ahead
+from pqloader._transform import transform_arity, transform_rng_keyword
 
 
 @pytest.mark.parametrize("ahead", [1, 2, 3])
@@ -127,9 +128,8 @@ def test_read_ahead_under_a_budget_waits_for_room_past_the_first_window(ahead: i
     waited: list[bool] = []
 
     class Budget:  # records whether each read ahead was already needed when it asked
-        def wait_for_room(self, need: int, needed: threading.Event, stop: Any) -> int:
+        def wait_for_room(self, need: int, needed: threading.Event, stop: Any) -> None:
             waited.append(needed.is_set())
-            return need
 
         def release(self, reserved: int) -> None:
             pass
