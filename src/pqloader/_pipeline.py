@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from . import _plan
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import LoaderTimeoutError, PQLoaderError
 from ._memory import MemoryBudget
-from ._plan import Segment, Slice, Window, WorkerPlan, advance
-from ._read import PARALLEL_FRAGMENTS, FragmentReader
+from ._plan import Segment, Slice, Window, WorkerPlan, advance, whole
+from ._read import FragmentReader
 from ._threads import EXITING, DaemonPool
 from ._transform import transform_arity, transform_rng_keyword
 
@@ -287,26 +288,58 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
     before them are not read; at most the one window the cursor falls in is read partly.
     ``ahead``: windows read ahead at once.
     """
-    segments = _bounded(advance(plan.segments, plan.batch_sizes[:skip].total()),
-                        stages.window_rows)
-    if stages.reader.discovery.store is not None and segments and \
-            segments[0].window.key is None:
-        # Unshuffled windows are one row group each: remote, one read ahead left a round trip
-        # per row group unhidden (5x slower than shuffled windows, whose row groups are
-        # fetched together, over 20 ms of latency: found in review). Each is a row group of
-        # memory: under a budget, as many as a quarter of it holds (each read only once it
-        # fits: read_ahead), 8 at most: with 8 under a 100 MiB budget, the reads' threads kept
-        # freed memory too (107-113 MiB; 92-93 with 4), and with 4 under any budget, one that
-        # never bound made epochs 1.5x slower (both found in review).
-        most = PARALLEL_FRAGMENTS
-        if stages.memory is not None:
-            largest = int(stages.reader.discovery.held().max(initial=1))
-            most = min(most, max(1, stages.memory.budget_bytes // (4 * max(1, largest))))
-        ahead = max(ahead, most)
+    segments = _in_order_reads(_bounded(
+        advance(plan.segments, plan.batch_sizes[:skip].total()), stages.window_rows),
+        stages.window_rows)
     batches = _cut(read_ahead(stages.load, segments, stages.memory, stages.need_bytes,
                               ahead, stages.timeout_s, lambda seg: stages.describe(seg.window)),
                    plan.batch_sizes[skip:])
     yield from zip(plan.positions[skip:], batches, strict=True)
+
+
+def _in_order_reads(segments: Sequence[Segment], window_rows: int) -> Sequence[Segment]:
+    """``segments``, those emitted in order (unshuffled) joined in reads of ``window_rows``
+    rows, as shuffled windows are (and ramping up as they do: the first of
+    ``FIRST_WINDOW_SLICES`` row groups at most, the next twice as many, ...). An unshuffled
+    plan's windows are one row group each (their order is the rows' own: how they are cut
+    changes no row's place), and read one at a time, an epoch of 1,000-row groups ran at 0.6x
+    a shuffled one locally; remote, a round trip per row group went unhidden (5x slower over
+    20 ms of latency). Joined, a read's row groups are fetched together like a shuffled
+    window's, and its memory is a shuffled window's."""
+    if window_rows < 1 or not any(s.window.key is None for s in segments):
+        return segments
+    out: list[Segment] = []
+    group: list[Slice] = []
+    rows, most = 0, _plan.FIRST_WINDOW_SLICES  # read now: tests change it
+
+    def close() -> None:
+        nonlocal group, rows, most
+        if group:
+            out.append(whole(Window(tuple(group), None)))
+            group, rows, most = [], 0, most * 2
+
+    for segment in segments:
+        if segment.window.key is not None:
+            close()
+            out.append(segment)
+            continue
+        for piece in _slices_of(segment):
+            group.append(piece)
+            rows += piece.num_rows
+            if rows >= window_rows or len(group) >= most:
+                close()
+    close()
+    return out
+
+
+def _slices_of(segment: Segment) -> Iterator[Slice]:
+    """The slices holding an in-order segment's rows (its window's rows [start, stop))."""
+    at = 0
+    for s in segment.window.slices:
+        lo, hi = max(segment.start - at, 0), min(segment.stop - at, s.num_rows)
+        if lo < hi:
+            yield Slice(s.fragment, s.start + lo, s.start + hi)
+        at += s.num_rows
 
 
 def _bounded(segments: Sequence[Segment], window_rows: int) -> Sequence[Segment]:
