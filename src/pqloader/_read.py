@@ -41,7 +41,7 @@ from ._schema import same_type, unviewed
 from ._sizes import leaf_count
 from ._widen import fits
 
-PARALLEL_FRAGMENTS = 8  # remote fragments fetched at once: of one window, or read ahead unshuffled
+PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
 _CHANGED = ("the file changed since the dataset was opened, or since the manifest that "
             "opened it was written (it matches files by name and size only): open the "
             "dataset again, and delete a stale _pqloader_manifest.json")
@@ -148,9 +148,20 @@ class FragmentReader:
         """Several fragments, in order; remote ones are fetched in parallel."""
         if self._d.store is None or len(fragments) < 2:
             return [self.read(f) for f in fragments]
+        # A row group of each file whose footer is still to fetch goes first: in order, a
+        # window's threads all waited on one file's footer, then on the next file's, a round
+        # trip per file unhidden (unshuffled epochs 1.5x slower than shuffled, over 20 ms).
+        first: dict[int, int] = {}
+        for k, fragment in enumerate(fragments):
+            f = int(self._d.file_index[fragment])
+            if f not in first and self._d.files[f].metadata is None and f not in self._footers:
+                first[f] = k
+        ahead = set(first.values())
+        order = [*first.values(), *(k for k in range(len(fragments)) if k not in ahead)]
         workers = min(PARALLEL_FRAGMENTS, len(fragments))
         with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-fetch") as pool:
-            return list(pool.map(self.read, fragments))
+            futures = {k: pool.submit(self.read, fragments[k]) for k in order}
+            return [futures[k].result() for k in range(len(fragments))]
 
     def read(self, fragment: int) -> pa.Table:
         """The fragment's rows, with the dataset's columns in its schema's order and types."""

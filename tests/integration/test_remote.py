@@ -477,6 +477,27 @@ def test_s3_each_footer_fetched_once_while_its_row_groups_are_read_at_once(
     assert sorted(tails) == sorted(sizes)
 
 
+def test_s3_footers_of_a_windows_files_are_fetched_at_once(s3_proxy: Callable[..., object],
+                                                          tmp_path: Path) -> None:
+    """Opened from its manifest, an unshuffled window's threads took its row groups in order,
+    so all waited on one file's footer, then on the next file's: a round trip per file, one
+    footer in flight at a time. A row group of each file goes first now."""
+    n = 400_000  # 8 files of 4 row groups of 100 KB: not in the tail fetched with a footer
+    pqloader.write_dataset(pa.table({"id": np.arange(n)}), tmp_path / "d",
+                           rows_per_file=50_000, row_group_size=12_500, compression="none")
+    proxy = s3_proxy(latency_ms=50)
+    url = proxy.upload_dir(tmp_path / "d")  # type: ignore[attr-defined]
+    ds = pqloader.ParquetDataset(url, storage_options=proxy.storage_options)  # type: ignore
+    seen = len(proxy.settled_requests())  # type: ignore[attr-defined]
+    assert _every_id(pqloader.DataLoader(ds, batch_size=10_000, num_workers=0), n)
+    sizes = {p.name: p.stat().st_size for p in (tmp_path / "d").glob("*.parquet")}
+    tails = [r for r in proxy.settled_requests()[seen:]  # type: ignore[attr-defined]
+             if r.method == "GET" and (name := r.path.rsplit("/", 1)[1]) in sizes
+             and r.range.endswith(f"-{sizes[name] - 1}")]
+    assert len(tails) == len(sizes)
+    assert _most_in_flight(tails) >= 4
+
+
 @pytest.mark.parametrize("manifest", [True, False])
 def test_s3_small_files_are_fetched_once(moto_s3: object, tmp_path: Path,
                                          manifest: bool) -> None:
