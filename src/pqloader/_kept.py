@@ -14,12 +14,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from ._conform import partition_columns
 from ._discover import Discovery, read_footers
 from ._errors import DataError, EmptyDatasetError
 from ._filter import has_floats
 from ._int96 import READ as INT96
 from ._int96 import file_schema
-from ._read import FragmentReader, partition_columns
+from ._read import FragmentReader
 
 _CHUNK_ROWS = 1 << 20  # rows of row groups a thread counts as one task
 _CHUNK_BYTES = 64 << 20  # filter columns tested in one go, at most (and one row group)
