@@ -32,7 +32,12 @@ def hive_partition(path: PurePath, root: PurePath | None) -> tuple[tuple[str, st
 
 
 def _is_int64_text(value: str) -> bool:
-    return bool(_INT_TEXT.fullmatch(value)) and -(2**63) <= int(value) < 2**63
+    """Whether a hive folder's value is an int64 written as its integer is: ``7``, ``-3``;
+    not ``007``, ``+7`` or ``-0``. Taken for ints, ``store=007`` and ``store=7`` became one
+    value, and ``zip=01234`` lost its zero, which ``pqloader write`` then wrote out (found
+    in review): such folders' values stay text."""
+    return bool(_INT_TEXT.fullmatch(value)) and -(2**63) <= int(value) < 2**63 \
+        and str(int(value)) == value
 
 
 def partition_schema(entries: Sequence[FileEntry]) -> pa.Schema:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ._errors import InvalidArgumentError
@@ -46,12 +47,24 @@ def resolve_world(rank: int | None, world_size: int | None) -> World:
 def check_world(world: World, what: str) -> None:
     """Refuse to iterate a ``what`` that took one rank for lack of ``torch.distributed``, once
     it is initialised with several: every rank would deliver every row (``DistributedSampler``
-    raises too). Checked at each pass, where no collective is needed."""
+    raises too), or that a launcher says is one of several (``WORLD_SIZE``) without one.
+    Checked at each pass, where no collective is needed."""
     if not world.implicit or world.world_size > 1:
         return
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    initialized = dist.is_available() and dist.is_initialized()
+    launched = os.environ.get("WORLD_SIZE", "")
+    if not initialized and launched.isdigit() and int(launched) > 1:
+        # torchrun's processes without init_process_group each read every row, silently
+        # (found in review; torch's DistributedSampler raises there too)
+        raise InvalidArgumentError(
+            f"WORLD_SIZE={launched} says this process is one of {launched} (torchrun sets it), "
+            f"but torch.distributed is not initialised, so this {what} took a single rank and "
+            f"each process would get every row: call torch.distributed.init_process_group "
+            "first, or pass rank= and world_size= (rank=0, world_size=1 to read every row in "
+            "each process on purpose)")
+    if initialized and dist.get_world_size() > 1:
         raise InvalidArgumentError(
             f"this {what} was built before torch.distributed.init_process_group, so it took "
             f"a single rank, and each of the {dist.get_world_size()} ranks would get every row: "

@@ -561,6 +561,22 @@ def test_a_loader_built_before_init_process_group_is_refused(make_dataset: Any,
         assert result["rows"] == ROWS  # rank=0, world_size=1 given: every row, as asked
 
 
+def test_a_launched_process_without_a_process_group_is_refused(
+        make_dataset: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's processes (WORLD_SIZE set) that never called init_process_group each took
+    one rank, and each read every row, silently (found in review)."""
+    ds = pqloader.ParquetDataset(make_dataset(ROWS), columns=["id"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for it in (pqloader.DataLoader(ds, batch_size=BATCH, num_workers=0),
+               ds.to_torch(batch_size=BATCH)):
+        with pytest.raises(pqloader.InvalidArgumentError, match="WORLD_SIZE=2 .*not initialised"):
+            next(iter(it))
+    on_purpose = pqloader.DataLoader(ds, batch_size=BATCH, num_workers=0, rank=0, world_size=1)
+    assert len(flat(ids_of(on_purpose))) == ROWS
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert len(flat(ids_of(pqloader.DataLoader(ds, batch_size=BATCH, num_workers=0)))) == ROWS
+
+
 def test_torch_distributed_gloo(make_dataset: Any, tmp_path: Path) -> None:
     source = make_dataset(ROWS, rows_per_file=250, row_group_size=50)
     out = tmp_path / "result.json"

@@ -298,7 +298,12 @@ def test_hive_partitions_projection(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("values", "kind"),
     [
-        (["1", "-12", "007"], pa.int64()),
+        (["1", "-12", "0"], pa.int64()),
+        (["1", "-12", "007"], pa.string()),  # an int would drop the zeros: text kept
+        (["007", "7"], pa.string()),  # as ints, two folders were one value
+        (["01", "12"], pa.string()),
+        (["+5", "5"], pa.string()),
+        (["-0", "1"], pa.string()),
         (["1", "__HIVE_DEFAULT_PARTITION__"], pa.int64()),  # a null partition
         (["1", "a"], pa.string()),
         (["1", "--5"], pa.string()),  # once taken for an int, then failed in int()

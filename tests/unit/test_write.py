@@ -211,6 +211,26 @@ def test_pandas_range_index_writes_no_column(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(pq.read_table(tmp_path / "out").to_pandas(), df)
 
 
+@pytest.mark.parametrize("index", [
+    pd.date_range("2024-01-01", periods=4, freq="D"),
+    pd.Index(["a", "b", "c", "d"]),
+    pd.Index([0.5, 1.5, 2.5, 3.5]),
+    pd.MultiIndex.from_arrays([[1, 2, 3, 4], ["a", "b", "c", "d"]], names=["k", None]),
+])
+def test_pandas_unnamed_index_of_data_is_refused(tmp_path: Path, index: pd.Index) -> None:
+    """An unnamed index is left out as positions: a time series' DatetimeIndex was lost
+    without a word (found in review). Named, it is written; dropped, nothing is lost."""
+    df = pd.DataFrame({"price": np.arange(4.0)}, index=index)
+    with pytest.raises(pqloader.DataError, match="unnamed .*rename_axis"):
+        pqloader.write_dataset(df, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    named = df.rename_axis([n or f"level{i}" for i, n in enumerate(df.index.names)])
+    pqloader.write_dataset(named, tmp_path / "named")
+    assert pq.read_table(tmp_path / "named").num_columns == 1 + df.index.nlevels
+    pqloader.write_dataset(df.reset_index(drop=True), tmp_path / "positions")
+    assert pq.read_table(tmp_path / "positions").column_names == ["price"]
+
+
 @pytest.mark.parametrize(
     ("df", "match"),
     [
