@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from . import _plan
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
-from ._errors import LoaderTimeoutError, PQLoaderError
+from ._errors import InvalidArgumentError, LoaderTimeoutError, PQLoaderError
 from ._memory import MemoryBudget
 from ._plan import Segment, Slice, Window, WorkerPlan, advance, whole
 from ._read import FragmentReader
@@ -394,6 +394,11 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
             exc.add_note(f"in pqloader transform, batch {position} of rank {rank}, "
                          f"epoch {epoch}")
             raise
+        if batch is None:  # a transform that changed its batch in place and returned nothing
+            raise InvalidArgumentError(
+                f"transform {getattr(stages.transform, '__name__', stages.transform)!r} "
+                f"returned None for batch {position} of rank {rank}, epoch {epoch}: it must "
+                "return the batch (did it change it in place and forget `return batch`?)")
     if stages.memory is not None:
         stages.memory.watch()  # warns once the budget is passed: batches may do that alone
     return batch if rows is None else (batch, rows)

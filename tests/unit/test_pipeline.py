@@ -238,3 +238,18 @@ def test_a_local_files_small_row_groups_are_read_together(
             assert len(b["s"]) == len(b["id"])  # string views: cast to large strings
     assert sorted(set(ids)) == sorted(x_of) and len(ids) - len(x_of) < 3
     assert max(decodes) > 3  # small row groups read together; the large ones each alone
+
+
+@pytest.mark.parametrize("mode", [{"num_workers": 0}, {"num_workers": 2},
+                                  {"num_workers": 1, "worker_type": "process"}])
+def test_a_transform_returning_none_is_told(make_dataset: Any, mode: dict[str, Any]) -> None:
+    """One that changed its batch in place and forgot `return batch` gave None batches, and
+    the training loop failed far from the cause (found in review)."""
+    import pqloader
+
+    def scale(batch: dict[str, Any]) -> None:
+        batch["x"] *= 2
+
+    ds = pqloader.ParquetDataset(make_dataset(300))
+    with pytest.raises(pqloader.InvalidArgumentError, match="'scale' returned None.*return"):
+        next(iter(pqloader.DataLoader(ds, batch_size=64, transform=scale, **mode)))
