@@ -86,6 +86,8 @@ def same_type(a: pa.DataType, b: pa.DataType) -> bool:
     of the two."""
     if a.equals(b) or pa.types.is_null(a) or pa.types.is_null(b):
         return True  # null: no values (an empty object column from pandas), so any type's
+    if pa.types.is_dictionary(a) or pa.types.is_dictionary(b):  # pandas' categories: codes
+        return same_type(_values(a), _values(b))  # of 8-32 bits by their count, or plain
     if common_number(a, b) is not None:
         return True
     for kind in _LAYOUTS:  # string and large_string: the same values (pandas 3 writes large)
@@ -113,6 +115,12 @@ def looser(a: pa.DataType, b: pa.DataType) -> pa.DataType:
     one is large (``large_string`` for ``string``)."""
     if pa.types.is_null(a):
         return b
+    if pa.types.is_dictionary(a) or pa.types.is_dictionary(b):
+        values = looser(_values(a), _values(b))
+        if not (pa.types.is_dictionary(a) and pa.types.is_dictionary(b)):
+            return values  # categories beside plain values: read plain
+        index = max(a.index_type, b.index_type, key=lambda t: t.bit_width)
+        return pa.dictionary(index, values, a.ordered and b.ordered)
     if (pa.types.is_string(a) and pa.types.is_large_string(b)) or (
             pa.types.is_binary(a) and pa.types.is_large_binary(b)):
         return b
@@ -135,6 +143,11 @@ def looser(a: pa.DataType, b: pa.DataType) -> pa.DataType:
     if pa.types.is_list(a):
         return pa.list_(fields[0])
     return a
+
+
+def _values(t: pa.DataType) -> pa.DataType:
+    """A dictionary's values' type; any other type as it is."""
+    return t.value_type if pa.types.is_dictionary(t) else t
 
 
 def _looser_field(a: pa.Field, b: pa.Field) -> pa.Field:

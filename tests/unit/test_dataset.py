@@ -327,6 +327,26 @@ def test_hive_partition_types(tmp_path: Path, values: list[str], kind: pa.DataTy
             assert got[i] == (int(value) if kind == pa.int64() else value)
 
 
+@pytest.mark.parametrize("second", ["more categories", "plain text"])
+def test_pandas_categorical_shards_make_one_column(tmp_path: Path, second: str) -> None:
+    """pandas writes a categorical's codes in 8 to 32 bits by the count of its categories, and
+    a shard may hold the column as plain text: refused as two types (found in review)."""
+    import pandas as pd
+
+    cities = [f"c{i}" for i in range(300)]
+    pd.DataFrame({"city": pd.Categorical(["paris", "rome"]), "y": [0, 1]}).to_parquet(
+        tmp_path / "day1.parquet")
+    other = pd.Categorical(cities) if second == "more categories" else cities
+    pd.DataFrame({"city": other, "y": range(2, 302)}).to_parquet(tmp_path / "day2.parquet")
+    ds = pqloader.ParquetDataset(tmp_path)
+    want = {0: "paris", 1: "rome", **{i + 2: c for i, c in enumerate(cities)}}
+    assert {r["y"]: r["city"] for r in ds.__getitems__(range(302))} == want
+    got = {}
+    for batch in pqloader.DataLoader(ds, batch_size=64, shuffle=True, num_workers=0):
+        got.update(zip(batch["y"].tolist(), batch["city"], strict=True))
+    assert got == want
+
+
 def test_glob_source(dataset_path: Path) -> None:
     ds = pqloader.ParquetDataset(str(dataset_path / "part-0000[12].parquet"))
     assert len(ds) == 600
