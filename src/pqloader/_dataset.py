@@ -8,7 +8,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 import pyarrow as pa
@@ -219,7 +219,15 @@ class ParquetDataset:
         """The fragment of each (already wrapped, in-range) row index."""
         return np.searchsorted(self._offsets, indices, side="right") - 1
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):  # ds[10:20]: those rows, as __getitems__ gives them
+            return self.__getitems__(range(*index.indices(len(self))))
         # any integer (numpy's, a 0-d array, a one-element integer tensor: what torch's
         # SubsetRandomSampler and Subset pass), not a bool
         boolean = isinstance(index, bool) or str(getattr(index, "dtype", "")) in ("bool",
@@ -229,8 +237,8 @@ class ParquetDataset:
         except TypeError:
             boolean = True
         if boolean:
-            raise TypeError(f"index must be an int, got {type(index).__name__}; "
-                            "use __getitems__ for a list of rows")
+            raise TypeError(f"index must be an int or a slice, got {type(index).__name__}; "
+                            "for a list of rows, ds.__getitems__(indices)")
         return self.__getitems__([row])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:

@@ -242,7 +242,7 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
         if file_cols is not None:  # the filter's columns are read and unified, not shown
             file_cols += [c for c in row_filter.columns
                           if c not in file_cols and c not in part_schema.names]
-    schema = unify(schemas, file_cols)
+    schema = unify(schemas, file_cols, part_schema.names)
     wanted = columns if columns is not None else [*schema.names, *part_schema.names]
     full = pa.schema([*schema, *part_schema])
     schema = pa.schema([full.field(n) for n in wanted])

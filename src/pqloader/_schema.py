@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Sequence
 from pathlib import PurePath
@@ -241,15 +242,20 @@ def typed_first(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | None) -> pa.Schema:
-    """One schema for ``(path, schema)`` pairs, or an error naming two files that disagree."""
+def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | None,
+          partitions: Sequence[str] = ()) -> pa.Schema:
+    """One schema for ``(path, schema)`` pairs, or an error naming two files that disagree
+    (``partitions``: the hive folders' columns, named where a column is not found)."""
     first, base = schemas[0][0], schemas[0][1].remove_metadata()
     names = list(base.names) if columns is None else list(columns)
     for name in names:
         if field_index(base, name, first) < 0:
+            known = [*base.names, *partitions]
+            close = difflib.get_close_matches(name, known, n=1)
+            folders = f" and its hive folders' {list(partitions)}" if partitions else ""
             raise ColumnNotFoundError(
-                f"column {name!r} is not in {first}; its columns are {base.names}"
-            )
+                f"column {name!r} is not in {first}; its columns are {base.names}{folders}"
+                + (f": did you mean {close[0]!r}?" if close else ""))
     fields = [base.field(n) for n in names]
     typed_in = [first] * len(fields)  # the file each field's type comes from, for messages
     for path, schema in schemas[1:]:

@@ -187,6 +187,26 @@ def test_a_bool_is_not_an_index(dataset_path: Path) -> None:
             ds[flag]  # type: ignore[index]
 
 
+def test_a_slice_gives_its_rows(dataset_path: Path) -> None:
+    """ds[0:2] was refused, pointing at a dunder method (found in review)."""
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    assert ds[3:6] == [{"id": 3}, {"id": 4}, {"id": 5}]
+    assert ds[-2:] == [{"id": len(ds) - 2}, {"id": len(ds) - 1}]
+    assert ds[10:4:-3] == [{"id": 10}, {"id": 7}]
+    assert ds[5:5] == []
+
+
+def test_a_missing_column_names_the_hive_columns_and_a_close_one(tmp_path: Path) -> None:
+    """A misspelled column was told among the file's columns only, without the hive folders'
+    (found in review)."""
+    folder = tmp_path / "year=2023"
+    folder.mkdir()
+    pq.write_table(pa.table({"x": [1]}), folder / "p.parquet")
+    with pytest.raises(pqloader.ColumnNotFoundError,
+                       match=r"\['x'\] and its hive folders' \['year'\]: did you mean 'year'"):
+        pqloader.ParquetDataset(tmp_path, columns=["yeer"])
+
+
 def test_an_index_may_be_a_0d_tensor_or_array(dataset_path: Path) -> None:
     """torch's Subset and SubsetRandomSampler over a tensor of indices pass 0-d tensors: they
     were refused ("index must be an int, got Tensor") while __getitems__ took them."""
