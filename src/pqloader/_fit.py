@@ -1,5 +1,6 @@
 """Whether a loader's settings fit its dataset, checked as the loader is built: the memory
-budget's room for its windows and batches, and a shuffle window that mixes row groups."""
+budget's room for its windows and batches, a shuffle window that mixes row groups, and
+columns whose nulls no batch could hold."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 
 from ._config import LoaderConfig, bytes_per_row
-from ._errors import InvalidArgumentError, user_stacklevel
+from ._errors import DataError, InvalidArgumentError, user_stacklevel
 from ._memory import RESERVE_BYTES, WINDOWS_PER_STREAM, window_bytes
 
 if TYPE_CHECKING:
@@ -71,3 +73,50 @@ def warn_unmixed(dataset: ParquetDataset, config: LoaderConfig, window_rows: int
         "write the dataset with smaller row groups (write_dataset(row_group_size=...)), or "
         "give shuffle_window_rows= (memory grows with it)", UserWarning,
         stacklevel=user_stacklevel())
+
+
+def check_nulls(dataset: ParquetDataset) -> None:
+    """Fail as the loader is built when the footers' statistics (or the hive folders) say a
+    column of ints, bools or times holds nulls, which no batch of tensors can hold: found by
+    the batch holding the first, it stopped a run 490 batches in (found in review). Only the
+    footers at hand are read (a dataset opened from its manifest has none until it reads), and
+    not under a filter, which may drop those rows."""
+    d = dataset._discovery
+    if d.filter is not None:
+        return
+    parts = set(d.partition_schema.names)
+    for field in d.schema:
+        t = field.type
+        if not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t)):
+            continue
+        nulls, first, leaf = 0, None, None
+        for entry in d.files:
+            if field.name in parts:
+                if dict(entry.partition).get(field.name, "") is None:
+                    rows = sum(entry.metadata.row_group(i).num_rows for i in range(
+                        entry.metadata.num_row_groups)) if entry.metadata is not None else 1
+                    nulls += rows
+                    first = first or (entry.path, "row group 0")  # (its folder's)
+                continue
+            md = entry.metadata
+            if md is None:
+                continue
+            if leaf is None or leaf >= md.num_columns or \
+                    md.schema.column(leaf).path != field.name:  # (files alike: found once)
+                leaf = next((i for i in range(md.num_columns)
+                             if md.schema.column(i).path == field.name), None)
+                if leaf is None:
+                    continue
+            for rg in range(md.num_row_groups):
+                stats = md.row_group(rg).column(leaf).statistics
+                if stats is not None and stats.has_null_count and stats.null_count:
+                    nulls += stats.null_count
+                    first = first or (entry.path, f"row group {rg}")
+        if first is not None:
+            raise DataError(
+                f"column {field.name!r} ({t}) has null values ({nulls:,} by the footers' "
+                f"statistics, the first in {first[0]}: {first[1]}), which no batch of tensors "
+                "can hold; fill them when writing, "
+                + ("cast the column to float (nulls become NaN), " if pa.types.is_integer(t)
+                   else "")
+                + "or leave it out with columns=[...] or convert it yourself with collate_fn=")

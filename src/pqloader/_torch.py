@@ -14,7 +14,7 @@ from ._agree import Agreement, built_at
 from ._collate import column_kinds
 from ._config import LoaderConfig
 from ._errors import InvalidArgumentError, StateMismatchError, check_positive
-from ._fit import check_room, warn_unmixed
+from ._fit import check_nulls, check_room, warn_unmixed
 from ._memory import MemoryBudget
 from ._pack import compact
 from ._pipeline import Stages, finish, raw_batches, worker_batches
@@ -59,6 +59,8 @@ class Planner:
         self.config = config
         d = dataset._discovery
         kinds = {} if config.collate_fn is not None else column_kinds(d.schema)
+        if config.collate_fn is None:
+            check_nulls(dataset)
         self.window_rows = config.window_rows(d.num_rows, d.byte_size, streams)
         if config.shuffle and config.shuffle_window_rows is None:
             warn_unmixed(dataset, config, self.window_rows)

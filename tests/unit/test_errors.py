@@ -255,7 +255,8 @@ def test_struct_column_rejected_at_construction(tmp_path: Path) -> None:
 ])
 def test_nulls_in_int_column(tmp_path: Path, mode: dict[str, Any]) -> None:
     ids = pa.array([None if i == 37 else i for i in range(100)], pa.int64())
-    pq.write_table(pa.table({"id": ids}), tmp_path / "part-00000.parquet", row_group_size=25)
+    pq.write_table(pa.table({"id": ids}), tmp_path / "part-00000.parquet", row_group_size=25,
+                   write_statistics=False)  # (told by the batch: the footers do not say)
     loader = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=10, **mode)
     exc, _, _ = drain(loader)
     assert exc is not None
@@ -267,7 +268,7 @@ def test_nulls_error_names_the_file(tmp_path: Path, num_workers: int) -> None:
     pq.write_table(pa.table({"id": pa.array(range(100), pa.int64())}), tmp_path / "a.parquet")
     bad = tmp_path / "b.parquet"
     ids = pa.array([None if i == 137 else i for i in range(100, 200)], pa.int64())
-    pq.write_table(pa.table({"id": ids}), bad, row_group_size=50)
+    pq.write_table(pa.table({"id": ids}), bad, row_group_size=50, write_statistics=False)
     loader = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=10,
                                  num_workers=num_workers)
     exc, _, _ = drain(loader)
@@ -275,6 +276,28 @@ def test_nulls_error_names_the_file(tmp_path: Path, num_workers: int) -> None:
     told = "\n".join([str(exc), *getattr(exc, "__notes__", [])])
     assert str(bad) in told
     assert "row group 0" in told
+
+
+@pytest.mark.parametrize("where", ["loader", "to_torch"])
+def test_nulls_the_footers_count_are_told_as_the_loader_is_built(tmp_path: Path,
+                                                                 where: str) -> None:
+    """Told by the batch holding the first, they stopped a run 490 batches in (found in
+    review): the footers' statistics said so before the first batch."""
+    pq.write_table(pa.table({"id": pa.array(range(100), pa.int64())}), tmp_path / "a.parquet")
+    ids = pa.array([None if i % 7 == 0 and i >= 150 else i for i in range(100, 200)])
+    pq.write_table(pa.table({"id": ids}), tmp_path / "b.parquet", row_group_size=50)
+    ds = pqloader.ParquetDataset(tmp_path)
+    with pytest.raises(pqloader.DataError, match=r"'id' \(int64\) has null values \(7 by the "
+                       rf"footers' statistics, the first in {tmp_path / 'b.parquet'}: row "
+                       r"group 1\).*cast the column to float"):
+        if where == "loader":
+            pqloader.DataLoader(ds, batch_size=10)
+        else:
+            ds.to_torch(batch_size=10)
+    kept = pqloader.ParquetDataset(tmp_path, filter=[("id", "<", 150)])  # (may drop them)
+    assert sum(len(b["id"]) for b in pqloader.DataLoader(kept, batch_size=10)) == 150
+    arrow = pqloader.DataLoader(ds, batch_size=10, collate_fn=lambda rb: rb.num_rows)
+    assert sum(arrow) == 200  # nulls are Arrow's to hold
 
 
 # -- failures in the workers ----------------------------------------------------------------------
@@ -431,7 +454,8 @@ def test_verify_checksums_catches_a_corrupt_page(tmp_path: Path) -> None:
 def test_nulls_in_a_window_name_the_row_groups_that_hold_them(tmp_path: Path,
                                                               values: pa.Array) -> None:
     """The note named every row group of the shuffle window (dozens, with 64 MiB windows)."""
-    pq.write_table(pa.table({"v": values}), tmp_path / "a.parquet", row_group_size=50)
+    pq.write_table(pa.table({"v": values}), tmp_path / "a.parquet", row_group_size=50,
+                   write_statistics=False)  # (else told as the loader is built)
     ds = pqloader.ParquetDataset(tmp_path)
     loader = pqloader.DataLoader(ds, batch_size=40, shuffle=True, shuffle_window_rows=400,
                                  num_workers=0)
