@@ -18,17 +18,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from . import _plan
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import InvalidArgumentError, LoaderTimeoutError, PQLoaderError
 from ._memory import MemoryBudget
 from ._plan import Segment, Slice, Window, WorkerPlan, advance, whole
-from ._read import FragmentReader
+from ._read import PARALLEL_FRAGMENTS, FragmentReader
 from ._threads import EXITING, DaemonPool
 from ._transform import transform_arity, transform_rng_keyword
 
 Columns = dict[str, Any]  # name -> numpy array (numbers) or Arrow array
 ROWS = "__pqloader_rows__"  # the hidden column of global row numbers, when auditing
+# An unshuffled read joins row groups up to this many decoded bytes (_in_order_reads): a
+# read's fixed costs (~0.2 ms a row group) are then a few percent of its decoding.
+IN_ORDER_BYTES = 4 << 20
 
 
 @dataclass
@@ -288,35 +290,48 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
     before them are not read; at most the one window the cursor falls in is read partly.
     ``ahead``: windows read ahead at once.
     """
-    segments = _in_order_reads(_bounded(
-        advance(plan.segments, plan.batch_sizes[:skip].total()), stages.window_rows),
-        stages.window_rows)
+    segments = _bounded(advance(plan.segments, plan.batch_sizes[:skip].total()),
+                        stages.window_rows)
+    if segments and segments[0].window.key is None:  # unshuffled
+        held = stages.reader.discovery.held()
+        segments = _in_order_reads(segments, stages.window_rows, held)
+        if stages.reader.discovery.store is not None:
+            # Remote, one read ahead left a round trip per read unhidden (5x slower than
+            # shuffled windows, whose row groups are fetched together, over 20 ms of latency:
+            # found in review). Each read is at most IN_ORDER_BYTES or a row group: under a
+            # budget, as many as a quarter of it holds (each read only once it fits:
+            # read_ahead), 8 at most: with 8 under a 100 MiB budget, the reads' threads kept
+            # freed memory too (107-113 MiB; 92-93 with 4), and with 4 under any budget, one
+            # that never bound made epochs 1.5x slower (both found in review).
+            most = PARALLEL_FRAGMENTS
+            if stages.memory is not None:
+                per_read = IN_ORDER_BYTES + int(held.max(initial=1))
+                most = min(most, max(1, stages.memory.budget_bytes // (4 * per_read)))
+            ahead = max(ahead, most)
     batches = _cut(read_ahead(stages.load, segments, stages.memory, stages.need_bytes,
                               ahead, stages.timeout_s, lambda seg: stages.describe(seg.window)),
                    plan.batch_sizes[skip:])
     yield from zip(plan.positions[skip:], batches, strict=True)
 
 
-def _in_order_reads(segments: Sequence[Segment], window_rows: int) -> Sequence[Segment]:
-    """``segments``, those emitted in order (unshuffled) joined in reads of ``window_rows``
-    rows, as shuffled windows are (and ramping up as they do: the first of
-    ``FIRST_WINDOW_SLICES`` row groups at most, the next twice as many, ...). An unshuffled
-    plan's windows are one row group each (their order is the rows' own: how they are cut
-    changes no row's place), and read one at a time, an epoch of 1,000-row groups ran at 0.6x
-    a shuffled one locally; remote, a round trip per row group went unhidden (5x slower over
-    20 ms of latency). Joined, a read's row groups are fetched together like a shuffled
-    window's, and its memory is a shuffled window's."""
-    if window_rows < 1 or not any(s.window.key is None for s in segments):
-        return segments
+def _in_order_reads(segments: Sequence[Segment], window_rows: int, held: np.ndarray
+                    ) -> Sequence[Segment]:
+    """``segments``, runs of those emitted in order (unshuffled) joined in reads of about
+    :data:`IN_ORDER_BYTES` decoded (``held``: per row group), ``window_rows`` rows at most.
+    An unshuffled plan's windows are one row group each (their order is the rows' own: how
+    they are cut moves no row), and read one at a time, an epoch of 1,000-row groups ran at
+    0.6x a shuffled one: a read's fixed costs per row group. Joined up to a window's rows, an
+    epoch of 65,536-row groups ran 1.4x slower and held 1.6x the memory (a window's copy, a
+    window ahead); a few MiB a read leaves those row groups alone."""
     out: list[Segment] = []
     group: list[Slice] = []
-    rows, most = 0, _plan.FIRST_WINDOW_SLICES  # read now: tests change it
+    rows = size = 0
 
     def close() -> None:
-        nonlocal group, rows, most
+        nonlocal group, rows, size
         if group:
             out.append(whole(Window(tuple(group), None)))
-            group, rows, most = [], 0, most * 2
+            group, rows, size = [], 0, 0
 
     for segment in segments:
         if segment.window.key is not None:
@@ -326,7 +341,8 @@ def _in_order_reads(segments: Sequence[Segment], window_rows: int) -> Sequence[S
         for piece in _slices_of(segment):
             group.append(piece)
             rows += piece.num_rows
-            if rows >= window_rows or len(group) >= most:
+            size += int(held[piece.fragment])
+            if size >= IN_ORDER_BYTES or (window_rows > 0 and rows >= window_rows):
                 close()
     close()
     return out
