@@ -31,6 +31,7 @@ ROWS = "__pqloader_rows__"  # the hidden column of global row numbers, when audi
 # An unshuffled read joins row groups up to this many decoded bytes (_in_order_reads): a
 # read's fixed costs (~0.2 ms a row group) are then a few percent of its decoding.
 IN_ORDER_BYTES = 4 << 20
+_NAMED = 8  # row groups an error names (a read may join thousands)
 
 
 @dataclass
@@ -168,7 +169,9 @@ class Stages:
             starts = np.cumsum([0, *(s.num_rows for s in slices)])
             slices = tuple(s for s, at in zip(slices, starts.tolist(), strict=False)
                            if _nulls(column.slice(at, s.num_rows))) or slices
-        return "; ".join(self.reader.discovery.where(s.fragment) for s in slices)
+        named = "; ".join(self.reader.discovery.where(s.fragment) for s in slices[:_NAMED])
+        return named + (f"; and {len(slices) - _NAMED:,} row groups more"
+                        if len(slices) > _NAMED else "")
 
 
 def _nulls(column: pa.ChunkedArray) -> int:
@@ -298,11 +301,12 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
         if stages.reader.discovery.store is not None:
             # Remote, one read ahead left a round trip per read unhidden (5x slower than
             # shuffled windows, whose row groups are fetched together, over 20 ms of latency:
-            # found in review). Each read is at most IN_ORDER_BYTES or a row group: under a
-            # budget, as many as a quarter of it holds (each read only once it fits:
-            # read_ahead), 8 at most: with 8 under a 100 MiB budget, the reads' threads kept
-            # freed memory too (107-113 MiB; 92-93 with 4), and with 4 under any budget, one
-            # that never bound made epochs 1.5x slower (both found in review).
+            # found in review): 8 go ahead (one per joined read of 4 row groups made epochs
+            # 1.7x slower). Each read is at most IN_ORDER_BYTES or a row group: under a budget,
+            # as many as a quarter of it holds (each read only once it fits: read_ahead): with
+            # 8 under a 100 MiB budget, the reads' threads kept freed memory too (107-113 MiB;
+            # 92-93 with 4), and with 4 under any budget, one that never bound made epochs
+            # 1.5x slower (both found in review).
             most = PARALLEL_FRAGMENTS
             if stages.memory is not None:
                 per_read = IN_ORDER_BYTES + int(held.max(initial=1))

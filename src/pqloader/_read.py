@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
 import pyarrow as pa
@@ -62,6 +63,7 @@ class FragmentReader:
         # data buffers, unlike an open file); dict reads and writes are atomic across threads.
         self._footers: dict[int, pq.FileMetaData] = {}
         self._fetching: dict[int, threading.Lock] = {}  # per file: one fetch of its footer
+        self._failed: dict[int, tuple[float, Exception]] = {}  # per file: its last failure
         self._pid = os.getpid()  # a lock held at a fork stays held in the child: made anew
         # The tails the last remote footers came in: a small file's row groups are in its
         # tail, and were fetched (and cached) again right after it (found in review).
@@ -89,12 +91,22 @@ class FragmentReader:
         if footer is None:
             # Threads reading a file's row groups at once each fetched its footer (up to 6x
             # per file, found in review): the first fetches, the others wait for it.
+            # A fetch that failed fails those that waited for it (each fetched it again, with
+            # all its retries, one after another: a store gone was told minutes late).
             if self._pid != os.getpid():
-                self._fetching, self._pid = {}, os.getpid()
+                self._fetching, self._failed, self._pid = {}, {}, os.getpid()
+            asked = time.monotonic()
             with self._fetching.setdefault(file_index, threading.Lock()):
                 footer = self._footers.get(file_index)
                 if footer is None:
-                    footer = self._read_footer(file_index)
+                    failed = self._failed.get(file_index)
+                    if failed is not None and failed[0] >= asked:
+                        raise failed[1]
+                    try:
+                        footer = self._read_footer(file_index)
+                    except Exception as exc:
+                        self._failed[file_index] = (time.monotonic(), exc)
+                        raise
                     self._footers[file_index] = footer
         return footer
 
@@ -162,6 +174,17 @@ class FragmentReader:
         workers = min(PARALLEL_FRAGMENTS, len(fragments))
         with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-fetch") as pool:
             futures = {k: pool.submit(self.read, fragments[k]) for k in order}
+            # the first failure, as soon as it comes: the reads not started are cancelled
+            # (else each was made, with all its retries, before the error was told: 200 s
+            # against 12 for a store that went away, found in review)
+            _, running = wait(futures.values(), return_when=FIRST_EXCEPTION)
+            if running:
+                for future in running:
+                    future.cancel()
+                failed = next(futures[k] for k in range(len(fragments))
+                              if futures[k].done() and not futures[k].cancelled()
+                              and futures[k].exception() is not None)
+                failed.result()  # raises
             return [futures[k].result() for k in range(len(fragments))]
 
     def read(self, fragment: int) -> pa.Table:

@@ -569,7 +569,7 @@ def test_a_launched_process_without_a_process_group_is_refused(
     monkeypatch.setenv("WORLD_SIZE", "2")
     for it in (pqloader.DataLoader(ds, batch_size=BATCH, num_workers=0),
                ds.to_torch(batch_size=BATCH)):
-        with pytest.raises(pqloader.InvalidArgumentError, match="WORLD_SIZE=2 .*not initialised"):
+        with pytest.raises(pqloader.InvalidArgumentError, match=r"WORLD_SIZE=2 .*not initialised"):
             next(iter(it))
     on_purpose = pqloader.DataLoader(ds, batch_size=BATCH, num_workers=0, rank=0, world_size=1)
     assert len(flat(ids_of(on_purpose))) == ROWS

@@ -498,6 +498,38 @@ def test_s3_footers_of_a_windows_files_are_fetched_at_once(s3_proxy: Callable[..
     assert _most_in_flight(tails) >= 4
 
 
+def test_s3_a_store_gone_is_told_after_one_footers_retries(s3_proxy: Callable[..., object],
+                                                          tmp_path: Path) -> None:
+    """Threads waiting on a file's footer each fetched it again once the fetch failed, with
+    all its retries, one after another; and a read's other row groups were all made before
+    its error was told (200 s against 12, found in review). Waiters share the failure now,
+    and reads not started are cancelled."""
+    n = 400_000  # one file of 8 row groups of 400 KB: not in its footer's tail
+    pqloader.write_dataset(pa.table({"id": np.arange(n)}), tmp_path / "d",
+                           rows_per_file=n, row_group_size=50_000, compression="none")
+    import servers
+
+    try:
+        own = servers.MotoS3()  # its own: the session's server stays up for other tests
+    except servers.ServerUnavailable as exc:
+        pytest.skip(str(exc))
+    proxy = s3_proxy(upstream=own, latency_ms=20)
+    url = proxy.upload_dir(tmp_path / "d")  # type: ignore[attr-defined]
+    policy = pqloader.RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.02)
+    ds = pqloader.ParquetDataset(url, storage_options=proxy.storage_options,  # type: ignore
+                                 retry=policy)
+    seen = len(proxy.settled_requests())  # type: ignore[attr-defined]
+    own.close()  # the proxy answers 502 from now on
+    try:
+        with pytest.raises(pqloader.RemoteIOError, match="gave up after 3 attempts"):
+            list(pqloader.DataLoader(ds, batch_size=10_000, num_workers=0))
+    finally:
+        own.close()
+    gets = [r for r in proxy.settled_requests()[seen:]  # type: ignore[attr-defined]
+            if r.method == "GET"]
+    assert len(gets) == 3  # the footer's three tries; no row group asked for after them
+
+
 @pytest.mark.parametrize("manifest", [True, False])
 def test_s3_small_files_are_fetched_once(moto_s3: object, tmp_path: Path,
                                          manifest: bool) -> None:

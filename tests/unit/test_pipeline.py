@@ -251,5 +251,17 @@ def test_a_transform_returning_none_is_told(make_dataset: Any, mode: dict[str, A
         batch["x"] *= 2
 
     ds = pqloader.ParquetDataset(make_dataset(300))
-    with pytest.raises(pqloader.InvalidArgumentError, match="'scale' returned None.*return"):
+    with pytest.raises(pqloader.InvalidArgumentError, match=r"'scale' returned None.*return"):
         next(iter(pqloader.DataLoader(ds, batch_size=64, transform=scale, **mode)))
+
+
+def test_an_error_names_a_few_of_a_reads_row_groups(make_dataset: Any) -> None:
+    """A read may join thousands of small row groups: a timeout's message listed them all
+    (3.8 KB for 64, found in review)."""
+    import pqloader
+    from pqloader._plan import Slice, Window
+
+    ds = pqloader.ParquetDataset(make_dataset(300, rows_per_file=300, row_group_size=10))
+    stages = pqloader.DataLoader(ds, batch_size=10, num_workers=0)._planner.stages
+    told = stages.describe(Window(tuple(Slice(f, 0, 10) for f in range(20)), None))
+    assert told.count("row group") == 9 and told.endswith("; and 12 row groups more")

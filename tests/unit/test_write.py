@@ -221,7 +221,7 @@ def test_pandas_unnamed_index_of_data_is_refused(tmp_path: Path, index: pd.Index
     """An unnamed index is left out as positions: a time series' DatetimeIndex was lost
     without a word (found in review). Named, it is written; dropped, nothing is lost."""
     df = pd.DataFrame({"price": np.arange(4.0)}, index=index)
-    with pytest.raises(pqloader.DataError, match="unnamed .*rename_axis"):
+    with pytest.raises(pqloader.DataError, match=r"unnamed .*rename_axis"):
         pqloader.write_dataset(df, tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
     named = df.rename_axis([n or f"level{i}" for i, n in enumerate(df.index.names)])
