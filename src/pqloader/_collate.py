@@ -228,7 +228,18 @@ class Ragged:
         return Ragged(self.values, self.starts, self.lengths, self.rows[offset:offset + length])
 
     def gather(self) -> tuple[np.ndarray, np.ndarray]:
-        """The emitted rows' values, concatenated, and their lengths."""
+        """The emitted rows' values, concatenated, and their lengths: a view of the values
+        where the rows are a run in read order, and theirs lie side by side (unshuffled, and
+        a batch joined across windows: gathered again value by value, a batch of 65,536 token
+        lists ran at 0.25x the floor, found in review)."""
+        rows = self.rows
+        if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and (
+                len(rows) == 1 or bool((rows[1:] - rows[:-1] == 1).all())):
+            a, b = int(rows[0]), int(rows[-1]) + 1
+            lengths = self.lengths[a:b]
+            begin, end = int(self.starts[a]), int(self.starts[b - 1] + lengths[-1])
+            if end - begin == int(lengths.sum()):  # (a null list's offsets may span values)
+                return self.values[begin:end], lengths
         lengths = self.lengths[self.rows]
         first = np.cumsum(lengths) - lengths  # where each row goes in the flat output
         index = np.arange(int(lengths.sum())) + np.repeat(self.starts[self.rows] - first, lengths)
