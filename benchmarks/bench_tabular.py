@@ -356,13 +356,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="time each peer for at most this long after its first batch")
     p.add_argument("--data", type=Path, help="dataset folder, reused when it holds the same "
                    "rows and files (default: one under the temp dir)")
+    p.add_argument("--row-group-size", type=int, default=65_536,
+                   help="rows per row group of the data written (default: 65,536)")
     p.add_argument("--tiny", action="store_true",
                    help="100k rows, 4 files, 8192-row groups, 1 repeat: a smoke run")
     p.add_argument("--naive-batches", type=int, default=40, help=argparse.SUPPRESS)
     p.add_argument("--child", choices=METHODS + PEER_METHODS, help=argparse.SUPPRESS)
     p.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.row_group_size = 65_536
     if args.tiny:
         args.rows, args.files, args.row_group_size, args.repeats = 100_000, 4, 8192, 1
         args.naive_batches = min(args.naive_batches, 5)
