@@ -107,6 +107,7 @@ class FragmentReader:
                     except Exception as exc:
                         self._failed[file_index] = (time.monotonic(), exc)
                         raise
+                    self._failed.pop(file_index, None)  # (its traceback's frames freed)
                     self._footers[file_index] = footer
         return footer
 
