@@ -246,20 +246,33 @@ class Ragged:
         return self.values[index], lengths
 
     @staticmethod
-    def concat(parts: list[Ragged]) -> Ragged:
-        """Rows of several windows (a batch across a window boundary), as one Ragged."""
-        gathered = [p.gather() for p in parts]
-        lengths = np.concatenate([g[1] for g in gathered])
-        starts = np.cumsum(lengths) - lengths
-        return Ragged(np.concatenate([g[0] for g in gathered]), starts, lengths,
-                      np.arange(len(lengths), dtype=np.int64))
+    def concat(parts: list[Ragged]) -> RaggedParts:
+        """Rows of several windows (a batch across reads), padded part by part: joined
+        first, their values were copied once more before the pad (a batch of 65,536 token
+        lists across 4 reads at 0.8x a slice-and-pad floor; 1.03x padded from the parts)."""
+        return RaggedParts(tuple(parts))
 
 
-def _padded(ragged: Ragged, name: str) -> dict[str, torch.Tensor]:
-    flat, lengths = ragged.gather()
+@dataclass(frozen=True)
+class RaggedParts:
+    """A batch's list column made of several windows' rows (see :meth:`Ragged.concat`)."""
+
+    parts: tuple[Ragged, ...]
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+
+def _padded(ragged: Ragged | RaggedParts, name: str) -> dict[str, torch.Tensor]:
+    parts = ragged.parts if isinstance(ragged, RaggedParts) else (ragged,)
+    gathered = [p.gather() for p in parts]
+    lengths = gathered[0][1] if len(gathered) == 1 else np.concatenate([g[1] for g in gathered])
     width = int(lengths.max()) if len(lengths) else 0
-    out = np.zeros((len(lengths), width), dtype=flat.dtype)
-    out[np.arange(width) < lengths[:, None]] = flat
+    out = np.zeros((len(lengths), width), dtype=np.result_type(*(g[0].dtype for g in gathered)))
+    at = 0
+    for flat, part in gathered:  # each part's rows padded in place, its values never joined
+        out[at:at + len(part)][np.arange(width) < part[:, None]] = flat
+        at += len(part)
     return {name: torch.from_numpy(out), name + LENGTHS_SUFFIX: torch.from_numpy(
         lengths.astype(np.int64))}
 

@@ -329,3 +329,18 @@ def test_a_run_of_list_rows_is_gathered_as_a_view_and_right_around_null_lists() 
     nulled = pa.ListArray.from_arrays(offsets, values, mask=pa.array([False, True, False, False]))
     flat, lengths = Ragged.of(nulled, None, "t").slice(0, 3).gather()
     assert flat.tolist() == [0, 1, 5, 6] and lengths.tolist() == [2, 0, 2]
+
+
+def test_a_list_batch_across_reads_is_padded_part_by_part() -> None:
+    """A batch of several windows' rows (one in read order, one permuted, of other widths) is
+    padded from each part in place, the parts' values never joined first."""
+    from pqloader._collate import Ragged, _padded
+
+    first = pa.array([[1, 2], [3], [4, 5, 6]], pa.list_(pa.int32()))
+    second = pa.array([[7], [], [8, 9, 10, 11]], pa.list_(pa.int32()))
+    parts = [Ragged.of(first, None, "t").slice(1, 2),
+             Ragged.of(second, np.array([2, 0, 1]), "t")]
+    batch = _padded(Ragged.concat(parts), "t")
+    assert batch["t"].tolist() == [[3, 0, 0, 0], [4, 5, 6, 0], [8, 9, 10, 11], [7, 0, 0, 0],
+                                   [0, 0, 0, 0]]
+    assert batch["t_lengths"].tolist() == [1, 3, 4, 1, 0]
