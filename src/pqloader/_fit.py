@@ -85,17 +85,16 @@ def check_nulls(dataset: ParquetDataset) -> None:
     if d.filter is not None:
         return
     parts = set(d.partition_schema.names)
+    file_rows = np.bincount(d.file_index, weights=d.num_rows, minlength=len(d.files))
     for field in d.schema:
         t = field.type
         if not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t)):
             continue
         nulls, first, leaf = 0, None, None
-        for entry in d.files:
+        for i, entry in enumerate(d.files):
             if field.name in parts:
                 if dict(entry.partition).get(field.name, "") is None:
-                    rows = sum(entry.metadata.row_group(i).num_rows for i in range(
-                        entry.metadata.num_row_groups)) if entry.metadata is not None else 1
-                    nulls += rows
+                    nulls += int(file_rows[i])
                     first = first or (entry.path, "row group 0")  # (its folder's)
                 continue
             md = entry.metadata

@@ -21,16 +21,14 @@ import pyarrow as pa
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import InvalidArgumentError, LoaderTimeoutError, PQLoaderError
 from ._memory import MemoryBudget
-from ._plan import Segment, Slice, Window, WorkerPlan, advance, whole
+from ._plan import Segment, Slice, Window, WorkerPlan, advance
 from ._read import PARALLEL_FRAGMENTS, FragmentReader
+from ._reads import IN_ORDER_BYTES, bounded, in_order_reads
 from ._threads import EXITING, DaemonPool
 from ._transform import transform_arity, transform_rng_keyword
 
 Columns = dict[str, Any]  # name -> numpy array (numbers) or Arrow array
 ROWS = "__pqloader_rows__"  # the hidden column of global row numbers, when auditing
-# An unshuffled read joins row groups up to this many decoded bytes (_in_order_reads): a
-# read's fixed costs (~0.2 ms a row group) are then a few percent of its decoding.
-IN_ORDER_BYTES = 4 << 20
 _NAMED = 8  # row groups an error names (a read may join thousands)
 
 
@@ -293,11 +291,11 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
     before them are not read; at most the one window the cursor falls in is read partly.
     ``ahead``: windows read ahead at once.
     """
-    segments = _bounded(advance(plan.segments, plan.batch_sizes[:skip].total()),
+    segments = bounded(advance(plan.segments, plan.batch_sizes[:skip].total()),
                         stages.window_rows)
     if segments and segments[0].window.key is None:  # unshuffled
         held = stages.reader.discovery.held()
-        segments = _in_order_reads(segments, stages.window_rows, held)
+        segments = in_order_reads(segments, stages.window_rows, held)
         if stages.reader.discovery.store is not None:
             # Remote, one read ahead left a round trip per read unhidden (5x slower than
             # shuffled windows, whose row groups are fetched together, over 20 ms of latency:
@@ -316,72 +314,6 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
                               ahead, stages.timeout_s, lambda seg: stages.describe(seg.window)),
                    plan.batch_sizes[skip:])
     yield from zip(plan.positions[skip:], batches, strict=True)
-
-
-def _in_order_reads(segments: Sequence[Segment], window_rows: int, held: np.ndarray
-                    ) -> Sequence[Segment]:
-    """``segments``, runs of those emitted in order (unshuffled) joined in reads of about
-    :data:`IN_ORDER_BYTES` decoded (``held``: per row group), ``window_rows`` rows at most.
-    An unshuffled plan's windows are one row group each (their order is the rows' own: how
-    they are cut moves no row), and read one at a time, an epoch of 1,000-row groups ran at
-    0.6x a shuffled one: a read's fixed costs per row group. Joined up to a window's rows, an
-    epoch of 65,536-row groups ran 1.4x slower and held 1.6x the memory (a window's copy, a
-    window ahead); a few MiB a read leaves those row groups alone."""
-    out: list[Segment] = []
-    group: list[Slice] = []
-    rows = size = 0
-
-    def close() -> None:
-        nonlocal group, rows, size
-        if group:
-            out.append(whole(Window(tuple(group), None)))
-            group, rows, size = [], 0, 0
-
-    for segment in segments:
-        if segment.window.key is not None:
-            close()
-            out.append(segment)
-            continue
-        for piece in _slices_of(segment):
-            group.append(piece)
-            rows += piece.num_rows
-            size += int(held[piece.fragment])
-            if size >= IN_ORDER_BYTES or (window_rows > 0 and rows >= window_rows):
-                close()
-    close()
-    return out
-
-
-def _slices_of(segment: Segment) -> Iterator[Slice]:
-    """The slices holding an in-order segment's rows (its window's rows [start, stop))."""
-    at = 0
-    for s in segment.window.slices:
-        lo, hi = max(segment.start - at, 0), min(segment.stop - at, s.num_rows)
-        if lo < hi:
-            yield Slice(s.fragment, s.start + lo, s.start + hi)
-        at += s.num_rows
-
-
-def _bounded(segments: Sequence[Segment], window_rows: int) -> Sequence[Segment]:
-    """``segments``, the parts of windows larger than ``window_rows`` makes (an old plan's
-    that a resume with smaller windows found a worker in) cut in pieces of ``window_rows``
-    rows, or of the window's largest slice when larger (a window of this plan holds at least
-    one), each read on its own (:meth:`Stages._load_part`): memory for a window of this
-    plan's size, not the old one's, at the cost of reading the old window's row groups once
-    per piece. A whole window is read whole (a state saved before old windows were cut)."""
-    if window_rows < 1:
-        return segments
-    out: list[Segment] = []
-    for segment in segments:
-        window = segment.window
-        if (segment.start, segment.stop) == (0, window.num_rows) or \
-                window.num_rows - window.slices[-1].num_rows < window_rows:  # this plan's
-            out.append(segment)
-            continue
-        piece = max(window_rows, max(s.num_rows for s in window.slices))
-        out.extend(Segment(window, a, min(a + piece, segment.stop))
-                   for a in range(segment.start, segment.stop, piece))
-    return out
 
 
 def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank: int,

@@ -148,7 +148,7 @@ def recut(segments: list[Segment], window_rows: int) -> list[Segment]:
     running out of memory) then reads windows of its own size for the rest of the epoch, not
     the old ones; rows mix inside the smaller windows only. Part of a window (the one an old
     worker was in) is left as it is, its rows spread over every slice of it: the pipeline
-    reads it in pieces (``_pipeline._bounded``).
+    reads it in pieces (``_reads.bounded``).
     """
     out: list[Segment] = []
     for segment in segments:
