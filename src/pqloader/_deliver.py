@@ -23,8 +23,14 @@ from ._errors import LoaderTimeoutError
 from ._memory import MemoryBudget, nbytes
 from ._threads import close_at_exit, track
 
-_SIZED = 8  # under a budget, the first batches are sized, then one in this many (~5% of a
-# loader's rate on string columns, every batch sized)
+_SIZED = 8  # the first batches are sized, then one in this many (~5% of a loader's rate on
+# string columns, every batch sized)
+# Without a budget, small batches are made further ahead than ``depth``, up to this many bytes
+# in all and this many batches: a batch of a few KB takes microseconds to make, and with 2
+# threads at torch's default depth (4) the caller and the threads waited on each other about
+# once a batch, each wait a sleep and a wake: batches of 1 row ran at 0.3-0.4x of 0 workers.
+_AHEAD_BYTES = 2 * 2**20
+_AHEAD_MOST = 64
 _POLL_S = 0.1  # how often blocked threads look at the stop flag and at dead peers
 
 Item = tuple[str, Any]  # ("batch", batch) or ("error", exception)
@@ -36,7 +42,8 @@ class Delivery:
     Args:
         streams: stream ``s`` yields batches ``k >= start`` with ``k % S == s``, in order.
         start, stop: the batches to deliver.
-        depth: most batches made or being made ahead of the one the caller waits for.
+        depth: most batches made or being made ahead of the one the caller waits for; without
+            a ``memory`` budget, more while batches are small (``_AHEAD_BYTES`` in all).
         threads: how many threads may advance streams now (``set_threads`` changes it).
         caller_helps: let the caller make a batch it waits for that no thread has taken.
             Without it every batch is made in a thread (worker_init_fn ran there), and
@@ -64,7 +71,7 @@ class Delivery:
         self._busy = [False] * n
         self._done: dict[int, Item] = {}
         self._stop = stop
-        self._depth = max(1, depth)
+        self._depth = self._least = max(1, depth)
         self._waiting_for = start  # the batch the caller wants next
         self._threads_wanted = max(0, min(threads, max_threads))
         self._finish = finish
@@ -73,7 +80,7 @@ class Delivery:
         self._timeout_s = timeout_s
         self._where = where
         self._memory = memory
-        self._largest = 0  # bytes of the largest batch made so far (counted with a budget)
+        self._largest = 0  # bytes of the largest batch sized so far
         # One lock, three queues of waiters, so that a change wakes only who it concerns
         # (a notify_all on one condition woke every thread and the caller). Measured within
         # noise on W2 with 2 threads: most context switches there are GIL hand-offs.
@@ -141,10 +148,8 @@ class Delivery:
         k = self._next[s]
         try:
             batch = self._finish(next(self._streams[s]))
-            if self._memory is not None and (k < _SIZED or k % _SIZED == 0) \
-                    and (size := nbytes(batch)) > self._largest:
-                self._largest = size
-                self._memory.batches_ahead = size * self._depth
+            if (k < _SIZED or k % _SIZED == 0) and (size := nbytes(batch)) > self._largest:
+                self._sized(size)
             item: Item = ("batch", batch)
             del batch
         except StopIteration:
@@ -163,6 +168,15 @@ class Delivery:
             closed = self._closed
         if closed:  # close() skipped this stream while it was busy
             self._streams[s].close()  # type: ignore[attr-defined]
+
+    def _sized(self, size: int) -> None:
+        """A batch of ``size`` bytes, the largest so far, was made: under a budget, room is
+        kept for ``depth`` of them; without one, small batches are made further ahead."""
+        self._largest = size
+        if self._memory is not None:
+            self._memory.batches_ahead = size * self._depth
+        else:
+            self._depth = max(self._least, min(_AHEAD_MOST, _AHEAD_BYTES // max(1, size)))
 
     def _run(self, index: int) -> None:
         try:

@@ -85,6 +85,27 @@ def test_depth_bounds_the_batches_made_ahead() -> None:
     d.close()
 
 
+@pytest.mark.parametrize(("batch_bytes", "ahead"), [(4_000, 64), (512 * 1024, 4),
+                                                      (4 * 2**20, 3)])
+def test_small_batches_are_made_further_ahead(batch_bytes: int, ahead: int) -> None:
+    """Without a budget, batches of a few KB are made up to 2 MiB ahead (64 at most): at the
+    depth alone the caller and the threads waited on each other about once a batch."""
+    made: list[int] = []
+    lock = threading.Lock()
+
+    def finish(b: int) -> torch.Tensor:
+        with lock:
+            made.append(b)
+        return torch.zeros(batch_bytes // 4, dtype=torch.float32)
+
+    d = _deliver(_streams(2, 0, 200), 0, 200, depth=3, finish=finish)
+    d.get(0)
+    time.sleep(0.5)  # the threads make what the depth allows, then wait for the caller
+    with lock:
+        assert max(made) == ahead
+    d.close()
+
+
 @pytest.mark.parametrize("room", [True, False])
 def test_under_a_spent_budget_only_the_callers_batch_is_made(room: bool) -> None:
     made: list[int] = []
