@@ -25,7 +25,7 @@ from ._plan import Segment, Slice, Window, WorkerPlan, advance
 from ._read import PARALLEL_FRAGMENTS, FragmentReader
 from ._reads import IN_ORDER_BYTES, bounded, in_order_reads
 from ._threads import EXITING, DaemonPool
-from ._transform import transform_arity, transform_rng_keyword
+from ._transform import transform_arity, transform_rng, transform_rng_keyword
 
 Columns = dict[str, Any]  # name -> numpy array (numbers) or Arrow array
 ROWS = "__pqloader_rows__"  # the hidden column of global row numbers, when auditing
@@ -336,8 +336,7 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
         try:
             keyword = stages.rng_keyword  # None where the generator goes second, or not
             if stages.arity == 2 or keyword is not None:
-                key = [stages.seed, epoch, rank, first_position + position]
-                rng = np.random.default_rng(key)
+                rng = transform_rng(stages.seed, epoch, rank, first_position + position)
                 batch = stages.transform(batch, rng) if keyword is None else \
                     stages.transform(batch, **{keyword: rng})
             else:

@@ -1,5 +1,5 @@
 """How a ``transform=`` is called: with the batch alone, or with its generator too (by
-position or by a keyword-only parameter)."""
+position or by a keyword-only parameter), and how that generator is seeded."""
 
 from __future__ import annotations
 
@@ -8,9 +8,22 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 _RNG_NAMES = ("rng", "generator", "gen")
+_TRANSFORM = 0x7472616E  # a transform's generators, apart from the plan's own
+
+
+def transform_rng(seed: int, epoch: int, rank: int, position: int) -> np.random.Generator:
+    """The generator of batch ``position`` of ``rank`` in ``epoch``.
+
+    Seeded from the seed as entropy and the rest as a spawn key, which numpy keeps apart from
+    the entropy: as one list, ``[seed, epoch, 0, 0]`` was ``[seed, epoch]`` (numpy drops
+    trailing zeros), the generator that shuffled the epoch, so rank 0's first batch drew the
+    very numbers its rows had been permuted by (found in review)."""
+    return np.random.default_rng(
+        np.random.SeedSequence(seed, spawn_key=(_TRANSFORM, epoch, rank, position)))
 
 
 def transform_arity(transform: Callable[..., Any] | None) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.distributed as dist
@@ -243,6 +244,27 @@ def test_random_transform_is_reproducible(ds: pqloader.ParquetDataset,
     inline = pqloader.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=3, transform=noisy,
                                  num_workers=2, worker_type="thread")
     assert _noise(inline) == first
+
+
+def _draw(batch: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    batch["drawn"] = torch.from_numpy(rng.permutation(1000)[:len(batch["id"])])
+    return batch
+
+
+@pytest.mark.parametrize("workers", [0, "auto", 2])
+def test_a_random_transform_draws_apart_from_the_shuffle(tmp_path: Path,
+                                                         workers: int | str) -> None:
+    """Its generator is not the one that permuted the epoch's rows: rank 0's first batch drew
+    the very permutation its rows came in (numpy's seeds drop trailing zeros)."""
+    pq.write_table(pa.table({"id": pa.array(range(1000), pa.int64())}), tmp_path / "a.parquet")
+    ds = pqloader.ParquetDataset(tmp_path)
+    for seed, epoch in [(0, 0), (7, 0), (7, 3)]:
+        loader = pqloader.DataLoader(ds, batch_size=64, shuffle=True, seed=seed,
+                                     transform=_draw, num_workers=workers)
+        loader.set_epoch(epoch)
+        batches = list(loader)
+        assert len(batches) == 16
+        assert not any(torch.equal(b["drawn"], b["id"]) for b in batches)
 
 
 def _collate(batch: pa.RecordBatch) -> dict[str, Any]:
