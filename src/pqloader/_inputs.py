@@ -150,12 +150,22 @@ def _convert(chunk: list[dict[str, Any]], schema: pa.Schema, done: int,
             columns.append(_column(chunk, field, inferred, asked=asked))
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
                 OverflowError) as exc:
+            said = source if asked or not _unknown(field.type) else (
+                "was taken from the first rows, where the column holds only nulls or empty "
+                "lists: give write_dataset a schema= with its type")
             raise DataError(
                 f"rows {done}..{done + len(chunk) - 1}, column {field.name!r}: {exc}; "
-                f"its type, {field.type}, {source}"
+                f"its type, {field.type}, {said}"
             ) from exc
     return _not_null(pa.Table.from_arrays(columns, schema=schema),
                      f"rows {done}..{done + len(chunk) - 1}")
+
+
+def _unknown(t: pa.DataType) -> bool:
+    """Whether a type inferred from values holds pyarrow's null type (no value told it)."""
+    if pa.types.is_null(t):
+        return True
+    return any(_unknown(t.field(i).type) for i in range(t.num_fields))
 
 
 def _column(chunk: list[dict[str, Any]], field: pa.Field,

@@ -802,8 +802,12 @@ def test_dicts_whose_first_rows_leave_a_key_none_take_a_schema(tmp_path: Path) -
     """A key None in all of the first rows was typed null, and a later value refused: a
     stream of dicts had no way to say the type."""
     rows = [{"id": i, "note": None if i < 30 else f"n{i}"} for i in range(40)]
-    with pytest.raises(pqloader.DataError, match=r"rows 30\.\.39, column 'note'.*schema="):
+    said = r"only nulls or empty lists: give write_dataset a schema= with its type"
+    with pytest.raises(pqloader.DataError, match=rf"rows 30\.\.39, column 'note'.*{said}"):
         pqloader.write_dataset(iter(rows), tmp_path / "a", row_group_size=10)
+    empty_first = [{"id": i, "ids": [] if i < 30 else [i]} for i in range(40)]  # list<null>
+    with pytest.raises(pqloader.DataError, match=rf"column 'ids'.*{said}"):
+        pqloader.write_dataset(iter(empty_first), tmp_path / "e", row_group_size=10)
     schema = pa.schema({"id": pa.int64(), "note": pa.string(), "extra": pa.float32()})
     pqloader.write_dataset(iter(rows), tmp_path / "b", row_group_size=10, schema=schema)
     table = pq.read_table(tmp_path / "b")
