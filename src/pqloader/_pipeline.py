@@ -29,6 +29,8 @@ from ._transform import transform_arity, transform_rng, transform_rng_keyword
 
 Columns = dict[str, Any]  # name -> numpy array (numbers) or Arrow array
 ROWS = "__pqloader_rows__"  # the hidden column of global row numbers, when auditing
+WHERE = "__pqloader_where__"  # where a batch's rows come from, for error notes: (window,
+# start, stop) parts, positions in the window's emission order
 _NAMED = 8  # row groups an error names (a read may join thousands)
 
 
@@ -36,6 +38,7 @@ _NAMED = 8  # row groups an error names (a read may join thousands)
 class _Loaded:
     columns: Columns  # the window's columns, already in emission order
     num_rows: int
+    segment: Segment
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ class Stages:
         columns = self._prepare(arrow, permutation, window, locate=True)
         if self.audit:
             columns[ROWS] = self._row_numbers(window, permutation)
-        return _Loaded(columns, segment.num_rows)
+        return _Loaded(columns, segment.num_rows, segment)
 
     def _load_part(self, segment: Segment) -> _Loaded:
         """Part of a window (where a resumed worker stands in it; an old plan's window dealt
@@ -124,7 +127,7 @@ class Stages:
         columns = self._prepare(arrow, order, window, locate=False)
         if self.audit:
             columns[ROWS] = self._row_numbers(window, emitted)[segment.start:segment.stop]
-        return _Loaded(columns, segment.num_rows)
+        return _Loaded(columns, segment.num_rows, segment)
 
     def _prepare(self, arrow: dict[str, pa.ChunkedArray], permutation: np.ndarray | None,
                  window: Window, locate: bool) -> Columns:
@@ -158,6 +161,26 @@ class Stages:
         rows = np.concatenate([np.arange(first[s.fragment] + s.start, first[s.fragment] + s.stop)
                                for s in window.slices])
         return rows if permutation is None else rows[permutation]
+
+    def rows_from(self, parts: Sequence[tuple[Window, int, int]]) -> str:
+        """The row groups a batch's rows were read from, for a collate_fn's or a transform's
+        error: ``parts`` are (window, start, stop), positions in the window's emission order
+        (its permutation, made again here: errors are rare)."""
+        try:
+            named: dict[Slice, None] = {}
+            for window, start, stop in parts:
+                rows = window.order()[start:stop]
+                starts = np.cumsum([0, *(s.num_rows for s in window.slices)])
+                for k in np.unique(np.searchsorted(starts, rows, side="right") - 1).tolist():
+                    named[window.slices[k]] = None
+        except Exception:  # a note must not hide the error it notes
+            return ""
+        if not named:
+            return ""
+        ordered = sorted(named, key=lambda s: (s.fragment, s.start))
+        listed = "; ".join(self.reader.discovery.where(s.fragment) for s in ordered[:_NAMED])
+        more = f"; and {len(named) - _NAMED:,} row groups more" if len(named) > _NAMED else ""
+        return f"; its rows are from {listed}{more}"
 
     def describe(self, window: Window, column: pa.ChunkedArray | None = None) -> str:
         """The files and row groups a window reads, for error messages: those holding the
@@ -204,18 +227,21 @@ def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int]) -> Iterator[Columns]:
     window: _Loaded | None = None
     pos = 0
     for size in sizes:
+        where: list[tuple[Window, int, int]] = []
         while have < size:
             if window is None or pos == window.num_rows:
                 window = None  # unbound while the next one loads: one window less held
                 window, pos = next(loaded), 0
             take = min(size - have, window.num_rows - pos)
             pending.append({n: _slice(v, pos, pos + take) for n, v in window.columns.items()})
+            at = window.segment.start + pos
+            where.append((window.segment.window, at, at + take))
             have += take
             pos += take
-        if len(pending) == 1:
-            yield pending[0]
-        else:
-            yield {n: _concat([p[n] for p in pending]) for n in pending[0]}
+        batch = pending[0] if len(pending) == 1 else \
+            {n: _concat([p[n] for p in pending]) for n in pending[0]}
+        batch[WHERE] = tuple(where)
+        yield batch
         pending, have = [], 0
 
 
@@ -323,12 +349,13 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
     ``first_position`` offsets the batch positions that key random transforms.
     """
     rows = columns.pop(ROWS, None)
+    where: tuple[tuple[Window, int, int], ...] = columns.pop(WHERE, ())
     if stages.collate_fn is not None:
         try:
             batch = stages.collate_fn(to_arrow(columns))
         except Exception as exc:
             exc.add_note(f"in pqloader collate_fn, batch {position} of rank {rank}, "
-                         f"epoch {epoch}")
+                         f"epoch {epoch}{stages.rows_from(where)}")
             raise
     else:
         batch = to_torch(columns, stages.kinds)
@@ -343,7 +370,7 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
                 batch = stages.transform(batch)
         except Exception as exc:
             exc.add_note(f"in pqloader transform, batch {position} of rank {rank}, "
-                         f"epoch {epoch}")
+                         f"epoch {epoch}{stages.rows_from(where)}")
             raise
         if batch is None:  # a transform that changed its batch in place and returned nothing
             raise InvalidArgumentError(

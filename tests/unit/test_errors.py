@@ -355,6 +355,27 @@ def test_failing_transform_names_its_batch(make_dataset: Any) -> None:
     assert "transform" in notes and "epoch 0" in notes
 
 
+@pytest.mark.parametrize("workers", [0, 2, "auto"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_failing_transform_names_the_row_groups_its_rows_came_from(
+        make_dataset: Any, workers: int | str, shuffle: bool) -> None:
+    """A bad image or sample: the note names where the batch's rows were read (only those
+    of the batch's own rows, not all of its window's), as a read error names its row group."""
+    ds = pqloader.ParquetDataset(make_dataset(1000, rows_per_file=300, row_group_size=100),
+                                 columns=["id"])
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=workers, shuffle=shuffle,
+                                 seed=1, transform=Boom(555))  # file 1, row group 2
+    with pytest.raises(ValueError, match="boom") as info:
+        list(loader)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "part-00001.parquet: row group 2" in notes, notes
+    named = notes.count(": row group")
+    if shuffle:
+        assert 1 < named <= 8 + 1, notes  # a window's rows: several row groups
+    else:
+        assert named == 1, notes  # rows 550..599, all of that row group
+
+
 def test_failing_collate_fn_names_its_batch(make_dataset: Any) -> None:
     def collate(batch: pa.RecordBatch) -> Any:
         raise ValueError("bad collate")
