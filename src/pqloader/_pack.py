@@ -11,6 +11,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+import torch.utils.data
+
+from . import _ring
 
 _ALIGN = 64  # bytes: every packed tensor starts on a cache line
 _SMALL = 8  # a tensor under 1/8 of its batch's buffer is small (cloned, if all are together)
@@ -34,6 +37,11 @@ def _unpack(flat: torch.Tensor, layout: Layout, rest: bytes, order: list[str] | 
     if order is not None:  # the worker's key order (its tensors were set last here)
         batch = {k: batch[k] for k in order}
     return batch
+
+
+def _unpack_slot(token: _ring.Token, slot: int, nbytes: int, layout: Layout, rest: bytes,
+                 order: list[str]) -> dict[str, Any]:
+    return _unpack(_ring.view(token, slot, nbytes), layout, rest, order)
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -110,7 +118,8 @@ class PackedBatch:
     A dense tensor keeps its memory layout (a ``channels_last`` image batch stays one: making
     it contiguous was a transpose in the worker, 4.4 against ~2 us per 56x56x3 image, measured);
     a strided view (gaps, overlaps) arrives contiguous. Tensors :func:`_packable` rejects travel
-    with the other values, each the way torch sends it.
+    with the other values, each the way torch sends it. In a torch worker process, the buffer
+    is a slot of the worker's ring of shared memory where one is free (``_ring.py``).
     """
 
     def __init__(self, batch: dict[str, Any]) -> None:
@@ -122,7 +131,10 @@ class PackedBatch:
         for name, t in tensors.items():
             self.layout.append((name, t.dtype, tuple(t.shape), tuple(t.stride()), offset))
             offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-        self.flat = torch.empty(offset, dtype=torch.uint8)
+        self.slot = _ring.take(offset) if torch.utils.data.get_worker_info() is not None \
+            else None
+        self.flat = self.slot[2] if self.slot is not None else torch.empty(offset,
+                                                                          dtype=torch.uint8)
         for (_, _, shape, stride, start), t in zip(self.layout, tensors.values(), strict=True):
             size = t.numel() * t.element_size()
             self.flat[start:start + size].view(t.dtype).as_strided(shape, stride).copy_(t)
@@ -130,6 +142,10 @@ class PackedBatch:
         self.order = list(batch)
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self.slot is not None:  # (pickled once, by torch's queue: the ring's token now)
+            ring, slot, flat = self.slot
+            return (_unpack_slot, (ring.token(), slot, flat.numel(), self.layout, self.rest,
+                                   self.order))
         return (_unpack, (self.flat, self.layout, self.rest, self.order))
 
 

@@ -22,6 +22,7 @@ import torch.utils.data
 
 from ._config import START_GRACE_S, WorkerConfig
 from ._errors import InvalidArgumentError, LoaderTimeoutError
+from ._ring import forget_dead
 from ._torch import Planner, TorchIterable
 
 
@@ -107,6 +108,7 @@ class ProcessDelivery:
             # its workers with it, until a GC pass blocks on joining them: stop them now.
             if not w.persistent_workers and hasattr(it, "_shutdown_workers"):
                 it._shutdown_workers()
+            forget_dead()  # their rings of shared memory (_ring.py), once no batch views them
 
     def _torch_loader(self) -> tuple[torch.utils.data.DataLoader[Any], Any]:
         """torch's loader over the plan: the persistent one, or a new one and a semaphore
