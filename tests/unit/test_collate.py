@@ -38,6 +38,20 @@ def test_packed_batch_keeps_values_dtypes_and_dense_layouts() -> None:
     assert got["strided"].is_contiguous()
 
 
+def test_packed_runs_of_vectors_come_back_as_they_went() -> None:
+    """Runs of 1-D tensors side by side are split from one view: padding between them (an odd
+    size), another dtype, a 2-D tensor, an empty one or a single value ends a run."""
+    batch = {"a": torch.rand(16), "b": torch.rand(16), "odd": torch.rand(5), "c": torch.rand(16),
+             "i": torch.arange(16), "j": torch.arange(16, 32), "m": torch.rand(4, 4),
+             "e": torch.rand(0), "one": torch.tensor([7.0]), "d": torch.rand(16),
+             "s": torch.arange(10.0)[::3]}
+    got = pickle.loads(pickle.dumps(PackedBatch(batch)))
+    assert list(got) == list(batch)
+    for name, value in batch.items():
+        assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+        assert torch.equal(got[name], value), name
+
+
 class XY(NamedTuple):  # module level: pickle finds it by name
     x: torch.Tensor
     y: torch.Tensor
