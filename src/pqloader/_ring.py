@@ -126,8 +126,16 @@ def view(token: Token, slot: int, nbytes: int) -> torch.Tensor:
             array[_MAPPED] = _TAKEN  # the worker stops sending the segment
     start = _HEADER + slot * ring.slot_bytes
     part = ring.array[start:start + nbytes]  # a view of its own: the finalizer's object
-    weakref.finalize(part, ring.array.__setitem__, slot, _FREE)
+    weakref.finalize(part, _free, ring.array, slot, os.getpid())
     return torch.from_numpy(part)
+
+
+def _free(array: np.ndarray, slot: int, pid: int) -> None:
+    """The slot's views are gone: the worker may write it again. Not from a forked child,
+    whose copy of a batch is not the parent's: a child letting go of it (or exiting) freed the
+    slot of a batch its parent still held, for the worker to write over."""
+    if os.getpid() == pid:
+        array[slot] = _FREE
 
 
 def _forget_dead() -> None:

@@ -4,6 +4,8 @@ real worker processes: the data as thread workers deliver it, whatever the consu
 from __future__ import annotations
 
 import gc
+import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +93,20 @@ def test_rings_of_ended_workers_are_let_go(tmp_path: Path, persistent: bool) -> 
         loader.set_epoch(epoch)
         assert sum(1 for _ in loader) == 120
         assert len(_ring.mapped()) <= before + (2 if persistent else 0)
+
+
+def test_a_forked_child_letting_go_of_a_batch_does_not_free_its_slot(tmp_path: Path) -> None:
+    """The child's copy is not the parent's batch: let go there (at the child's exit, say), the
+    slot was marked free for the worker to write over while the parent held the batch."""
+    ds = _dataset(tmp_path)
+    it = iter(_loader(ds, "process", persistent_workers=True))
+    batch = next(it)
+    assert _in_a_ring(batch["f0"])
+    expected = {k: v.clone() for k, v in batch.items()}
+    child = os.fork()
+    if child == 0:  # exit as a normal process does: atexit runs the finalizers left (and
+        weakref.finalize._exitfunc()  # type: ignore[attr-defined]  # more, not run here)
+        os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    rest = [next(it) for _ in range(40)]  # the workers would reuse a slot freed by the child
+    assert _same(batch, expected) and len(rest) == 40
