@@ -38,6 +38,8 @@ from typing import overload
 
 import numpy as np
 
+from ._seeds import FRAGMENTS, WINDOW, generator
+
 # A worker's first shuffle window reads at most this many slices (row groups), the next twice as
 # many, ... until windows end at ``window_rows``. Reading a slice costs ~0.2-0.5 ms however
 # small it is (open the file, decode a few columns), so a 64 MiB window of 500-row groups cost
@@ -74,7 +76,8 @@ class Window:
         """The order in which this window's rows (numbered as its slices concatenated) go out."""
         if self.key is None:
             return np.arange(self.num_rows, dtype=np.int64)
-        return np.random.default_rng(list(self.key)).permutation(self.num_rows)
+        seed, *numbers = self.key
+        return generator(WINDOW, seed, *numbers).permutation(self.num_rows)
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,7 @@ def fragment_order(num_fragments: int, *, seed: int, epoch: int, shuffle: bool) 
     """The order of fragments in the epoch's virtual sequence."""
     if not shuffle:
         return np.arange(num_fragments, dtype=np.int64)
-    return np.random.default_rng([seed, epoch]).permutation(num_fragments)
+    return generator(FRAGMENTS, seed, epoch).permutation(num_fragments)
 
 
 def walk(start: int, stop: int, bounds: np.ndarray) -> list[tuple[int, int, int, int]]:

@@ -22,7 +22,9 @@ FORMAT = "pqloader.DataLoader"
 # The plan's version: a state is a cursor into a plan, so a plan that cuts windows differently
 # makes old cursors point at other rows. 2: a worker's first windows ramp up (64, 128, ...
 # row groups), which changed the order of datasets with windows of more than 64 row groups.
-VERSION = 2
+# 3: each shuffle draws from a generator of its own (``_seeds.py``), which changed every
+# shuffled order.
+VERSION = 3
 
 
 # Settings a resume may change (the rest of the epoch is dealt out anew) and must keep.

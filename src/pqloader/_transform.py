@@ -11,19 +11,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._seeds import TRANSFORM, generator
+
 _RNG_NAMES = ("rng", "generator", "gen")
-_TRANSFORM = 0x7472616E  # a transform's generators, apart from the plan's own
 
 
 def transform_rng(seed: int, epoch: int, rank: int, position: int) -> np.random.Generator:
-    """The generator of batch ``position`` of ``rank`` in ``epoch``.
-
-    Seeded from the seed as entropy and the rest as a spawn key, which numpy keeps apart from
-    the entropy: as one list, ``[seed, epoch, 0, 0]`` was ``[seed, epoch]`` (numpy drops
-    trailing zeros), the generator that shuffled the epoch, so rank 0's first batch drew the
-    very numbers its rows had been permuted by (found in review)."""
-    return np.random.default_rng(
-        np.random.SeedSequence(seed, spawn_key=(_TRANSFORM, epoch, rank, position)))
+    """The generator of batch ``position`` of ``rank`` in ``epoch`` (apart from the shuffle's:
+    see ``_seeds.py``)."""
+    return generator(TRANSFORM, seed, epoch, rank, position)
 
 
 def transform_arity(transform: Callable[..., Any] | None) -> int:
