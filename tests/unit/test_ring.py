@@ -141,23 +141,28 @@ def test_under_the_file_system_sharing_strategy_batches_go_the_torch_way(
 def test_a_view_kept_holds_its_own_slot_not_the_ring(tmp_path: Path) -> None:
     """One kept image an epoch pinned its worker's whole ring (8 slots): 10x the memory."""
     ds = _dataset(tmp_path)
+    gc.collect()
+    before = sum(_shm_mapped().values())  # other tests' segments, still held or not
     kept = []
     for _ in range(3):
         for k, batch in enumerate(_loader(ds, "process")):
             if k == 0:
                 kept.append(batch["f0"][:3])
-    held = sum(size for size in _shm_mapped().values())
-    slot = 50 * (8 + 4 * 4) * 5 // 4  # a batch's bytes, and a quarter more
-    assert held <= 3 * (slot + 4096) + 2 * 8 * (slot + 4096), held  # the kept, and no ring more
+        del batch
+    gc.collect()
+    _ring.forget_dead()
+    added = sum(_shm_mapped().values()) - before
+    assert added <= 4 * 4096, added  # 3 slots of a page each (a whole ring: 9 pages)
+    assert len(kept) == 3
 
 
 def _shm_mapped() -> dict[str, int]:
-    """This process's mappings of shared-memory segments: name -> bytes."""
+    """This process's mappings of torch's shared-memory segments: name -> bytes."""
     sizes: dict[str, int] = {}
     with open("/proc/self/maps") as maps:
         for line in maps:
             parts = line.split()
-            if len(parts) >= 6 and "/dev/shm/" in parts[5]:
+            if len(parts) >= 6 and "/dev/shm/torch_" in parts[5]:
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
                 sizes[parts[5]] = sizes.get(parts[5], 0) + hi - lo
     return sizes
