@@ -113,9 +113,12 @@ def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
                     f"({kinds_said(values)}) as {column.type}, changing some; make them one kind "
                     "that it keeps, or give write_dataset a schema=")
         schema = inferred_head.schema
+    taken = f"was taken from the first {len(head)} rows"
     source = "given by schema=" if given is not None else (
-        f"was taken from the first {len(head)} rows: make those carry the wider type (e.g. "
-        "1.0, not 1), or give write_dataset a schema=")
+        f"{taken}: make those carry the wider type (e.g. 1.0, not 1), or give write_dataset a "
+        "schema=")
+    nulls = f"{taken}, where the column holds only nulls or empty lists: give write_dataset a " \
+        "schema= with its type"
 
     def gen() -> Iterator[pa.RecordBatch]:
         done = 0
@@ -126,7 +129,7 @@ def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
             if done == 0 and inferred_head is not None:
                 yield from inferred_head.to_batches()
             else:
-                yield from _convert(chunk, schema, done, source,
+                yield from _convert(chunk, schema, done, source, nulls,
                                     asked=given is not None).to_batches()
             done += len(chunk)
             chunk = _chunk(rows, chunk_rows, chunk_bytes)
@@ -135,9 +138,10 @@ def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
 
 
 def _convert(chunk: list[dict[str, Any]], schema: pa.Schema, done: int,
-             source: str, *, asked: bool) -> pa.Table:
+             source: str, nulls: str, *, asked: bool) -> pa.Table:
     """Rows ``done ..`` as ``schema``'s types, or the DataError naming the column that does
-    not fit them (``source``: where those types came from, and what to do). ``asked``:
+    not fit them (``source``: where those types came from, and what to do; ``nulls`` instead
+    for a column typed null by the first rows, which no value told). ``asked``:
     ``schema`` was given (``schema=``), and floats are rounded into it, as :func:`conform`
     does; the first rows' types take them only as they are."""
     try:  # every column inferred at once; one that fails is found and named below
@@ -150,9 +154,7 @@ def _convert(chunk: list[dict[str, Any]], schema: pa.Schema, done: int,
             columns.append(_column(chunk, field, inferred, asked=asked))
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
                 OverflowError) as exc:
-            said = source if asked or not _unknown(field.type) else (
-                "was taken from the first rows, where the column holds only nulls or empty "
-                "lists: give write_dataset a schema= with its type")
+            said = source if asked or not _unknown(field.type) else nulls
             raise DataError(
                 f"rows {done}..{done + len(chunk) - 1}, column {field.name!r}: {exc}; "
                 f"its type, {field.type}, {said}"
@@ -162,10 +164,12 @@ def _convert(chunk: list[dict[str, Any]], schema: pa.Schema, done: int,
 
 
 def _unknown(t: pa.DataType) -> bool:
-    """Whether a type inferred from values holds pyarrow's null type (no value told it)."""
-    if pa.types.is_null(t):
-        return True
-    return any(_unknown(t.field(i).type) for i in range(t.num_fields))
+    """Whether a column's type inferred from values is pyarrow's null type, or lists of it:
+    no value told it (a struct with a field of nulls beside others is not: its error may be
+    another field's, found in review)."""
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return bool(pa.types.is_null(t))
 
 
 def _column(chunk: list[dict[str, Any]], field: pa.Field,

@@ -806,8 +806,12 @@ def test_dicts_whose_first_rows_leave_a_key_none_take_a_schema(tmp_path: Path) -
     with pytest.raises(pqloader.DataError, match=rf"rows 30\.\.39, column 'note'.*{said}"):
         pqloader.write_dataset(iter(rows), tmp_path / "a", row_group_size=10)
     empty_first = [{"id": i, "ids": [] if i < 30 else [i]} for i in range(40)]  # list<null>
-    with pytest.raises(pqloader.DataError, match=rf"column 'ids'.*{said}"):
+    with pytest.raises(pqloader.DataError, match=rf"column 'ids'.*first 10 rows, .*{said}"):
         pqloader.write_dataset(iter(empty_first), tmp_path / "e", row_group_size=10)
+    # a struct with a field of nulls, whose other field fails: the usual advice
+    nested = [{"s": {"a": 1 if i < 30 else 1.5, "b": None}} for i in range(40)]
+    with pytest.raises(pqloader.DataError, match=r"column 's'.*1\.0, not 1"):
+        pqloader.write_dataset(iter(nested), tmp_path / "f", row_group_size=10)
     schema = pa.schema({"id": pa.int64(), "note": pa.string(), "extra": pa.float32()})
     pqloader.write_dataset(iter(rows), tmp_path / "b", row_group_size=10, schema=schema)
     table = pq.read_table(tmp_path / "b")
