@@ -221,7 +221,9 @@ def _concat(parts: list[Any]) -> Any:
 
 
 def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int]) -> Iterator[Columns]:
-    """Cut the stream of permuted segments into batches of the planned sizes."""
+    """Cut the stream of permuted segments into batches of the planned sizes, each with a
+    hidden ``WHERE`` entry (its rows' windows and positions, for error notes: :func:`finish`
+    pops it)."""
     pending: list[Columns] = []
     have = 0
     window: _Loaded | None = None

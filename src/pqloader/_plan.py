@@ -6,7 +6,8 @@ thousands of worlds.
 The plan of one epoch, for one rank:
 
 1. Fragments (row groups) are put in an order: a permutation seeded by ``(seed, epoch)`` when
-   shuffling, else index order. Their rows, in that order, form the epoch's *virtual sequence*.
+   shuffling (each purpose's generator its own: ``_seeds.py``), else index order. Their rows,
+   in that order, form the epoch's *virtual sequence*.
 2. Rank ``r`` takes positions ``[r * per_rank, (r + 1) * per_rank)`` of the sequence. Without
    ``drop_last``, ``per_rank = ceil(rows / world_size)`` and positions past the end wrap to the
    start (at most ``world_size - 1`` rows repeat, as torch's ``DistributedSampler`` pads); with

@@ -6,8 +6,11 @@ as many words as it needs: ``[seed, epoch, 0]`` was ``[seed, epoch]``, so the ep
 window was permuted by the generator that ordered its row groups, and rank 0's first batch's
 transform drew the window's permutation (found in review); ``[2**32 + 5, 0]`` was ``[5, 1]``,
 so seed 2**32 + 5 began epoch 0 as seed 5 began epoch 1. Here the seed alone is the entropy,
-the purpose and the numbers (two words each, their count first) the spawn key, which numpy keeps
-apart from the entropy: no two keys give one generator.
+the purpose and the numbers the spawn key, which numpy keeps apart from the entropy (it pads
+the entropy to its pool's 4 words first, and mixes in every word after them): no two keys give
+one generator. Each number is written in 31-bit words, all but the last with the top bit set,
+so a list of numbers reads back one way only; most take one word (a transform's generator:
+10.3 us to make, against 13 with two words a number and 9.5 for numpy's plain list).
 """
 
 from __future__ import annotations
@@ -21,6 +24,18 @@ TRANSFORM = 3  # a batch's random transform
 
 def generator(purpose: int, seed: int, *numbers: int) -> np.random.Generator:
     """The generator of ``purpose`` for ``seed`` and ``numbers`` (each ``>= 0``)."""
-    words = [w for n in numbers for w in (n & 0xFFFFFFFF, n >> 32)]
-    return np.random.default_rng(
-        np.random.SeedSequence(seed, spawn_key=(purpose, len(numbers), *words)))
+    words = (purpose, *numbers)
+    if any(n >= _TOP for n in numbers):
+        words = (purpose, *(w for n in numbers for w in _words(n)))
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=words))
+
+
+def _words(n: int) -> list[int]:
+    out = []
+    while n >= _TOP:
+        out.append(_TOP | (n & (_TOP - 1)))
+        n >>= 31
+    return [*out, n]
+
+
+_TOP = 1 << 31

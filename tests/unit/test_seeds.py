@@ -30,6 +30,7 @@ def test_keys_that_numpy_would_take_alike_give_other_generators() -> None:
         (purpose, seed, numbers): generator(purpose, seed, *numbers).integers(2**62)
         for purpose in (WINDOW, TRANSFORM)
         for seed in (0, 5, 2**32 + 5, 2**64 + 5)
-        for numbers in [(), (0,), (0, 0), (1,), (1, 0), (0, 1), (2**32,), (0, 1, 0)]
+        for numbers in [(), (0,), (0, 0), (1,), (1, 0), (0, 1), (2**31,), (2**31, 1), (0, 1, 0),
+                        (2**31 + 1,), (1, 1), (2**64,), (2**62, 0)]
     }
     assert len(set(draws.values())) == len(draws)
