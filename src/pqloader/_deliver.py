@@ -24,13 +24,14 @@ from ._memory import MemoryBudget, sized
 from ._threads import close_at_exit, track
 
 _SIZED = 8  # the first batches are sized, then one in this many (sizing every batch of
-# string columns cost ~5% of a loader's rate); every batch while made further ahead (below)
+# string columns cost ~5% of a loader's rate; of 1-row batches from 2 threads, ~10%)
 # Small batches are made further ahead than ``depth`` (``deepen``), up to this many bytes in
 # all and this many batches: a batch of a few KB takes microseconds to make, and with 2
 # threads at torch's default depth (4) the caller and the threads waited on each other about
 # once a batch, each wait a sleep and a wake: batches of 1 row ran at 0.3-0.4x of 0 workers.
 # Only while every part of the batches is sized (a transform's PIL images beside a tensor of
-# labels were made 64 deep: found in review).
+# labels were made 64 deep: found in review). Batches that grow (a dataset sorted by length)
+# are made ahead by the last size until the next sized batch: up to ~8 more than 2 MiB holds.
 _AHEAD_BYTES = 2 * 2**20
 _AHEAD_MOST = 64
 _POLL_S = 0.1  # how often blocked threads look at the stop flag and at dead peers
@@ -152,8 +153,7 @@ class Delivery:
         k = self._next[s]
         try:
             batch = self._finish(next(self._streams[s]))
-            size = sized(batch) if k < _SIZED or k % _SIZED == 0 or self._depth > self._least \
-                else None
+            size = sized(batch) if k < _SIZED or k % _SIZED == 0 else None
             item: Item = ("batch", batch)
             del batch
         except StopIteration:
