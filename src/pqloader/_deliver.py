@@ -20,20 +20,11 @@ from typing import Any
 
 from ._config import START_GRACE_S
 from ._errors import LoaderTimeoutError
-from ._memory import MemoryBudget, sized
+from ._memory import MemoryBudget, nbytes
 from ._threads import close_at_exit, track
 
-_SIZED = 8  # the first batches are sized, then one in this many (sizing every batch of
-# string columns cost ~5% of a loader's rate; of 1-row batches from 2 threads, ~10%)
-# Small batches are made further ahead than ``depth`` (``deepen``), up to this many bytes in
-# all and this many batches: a batch of a few KB takes microseconds to make, and with 2
-# threads at torch's default depth (4) the caller and the threads waited on each other about
-# once a batch, each wait a sleep and a wake: batches of 1 row ran at 0.3-0.4x of 0 workers.
-# Only while every part of the batches is sized (a transform's PIL images beside a tensor of
-# labels were made 64 deep: found in review). Batches that grow (a dataset sorted by length)
-# are made ahead by the last size until the next sized batch: up to ~8 more than 2 MiB holds.
-_AHEAD_BYTES = 2 * 2**20
-_AHEAD_MOST = 64
+_SIZED = 8  # under a budget, the first batches are sized, then one in this many (~5% of a
+# loader's rate on string columns, every batch sized)
 _POLL_S = 0.1  # how often blocked threads look at the stop flag and at dead peers
 
 Item = tuple[str, Any]  # ("batch", batch) or ("error", exception)
@@ -46,8 +37,6 @@ class Delivery:
         streams: stream ``s`` yields batches ``k >= start`` with ``k % S == s``, in order.
         start, stop: the batches to deliver.
         depth: most batches made or being made ahead of the one the caller waits for.
-        deepen: more while batches are small (``_AHEAD_BYTES`` in all); not with a ``memory``
-            budget, nor under the tuner, whose settling counts on ``depth``.
         threads: how many threads may advance streams now (``set_threads`` changes it).
         caller_helps: let the caller make a batch it waits for that no thread has taken.
             Without it every batch is made in a thread (worker_init_fn ran there), and
@@ -66,7 +55,7 @@ class Delivery:
 
     def __init__(self, streams: Sequence[Iterator[Any]], *, start: int, stop: int, depth: int,
                  threads: int, max_threads: int, finish: Callable[[Any], Any],
-                 caller_helps: bool = False, deepen: bool = False,
+                 caller_helps: bool = False,
                  worker_init_fn: Callable[[int], Any] | None = None, timeout_s: float = 0.0,
                  where: str = "", memory: MemoryBudget | None = None) -> None:
         self._streams = list(streams)
@@ -75,8 +64,7 @@ class Delivery:
         self._busy = [False] * n
         self._done: dict[int, Item] = {}
         self._stop = stop
-        self._depth = self._least = max(1, depth)
-        self._deepen = deepen and memory is None
+        self._depth = max(1, depth)
         self._waiting_for = start  # the batch the caller wants next
         self._threads_wanted = max(0, min(threads, max_threads))
         self._finish = finish
@@ -85,7 +73,7 @@ class Delivery:
         self._timeout_s = timeout_s
         self._where = where
         self._memory = memory
-        self._largest = 0  # bytes of the largest batch sized so far
+        self._largest = 0  # bytes of the largest batch made so far (counted with a budget)
         # One lock, three queues of waiters, so that a change wakes only who it concerns
         # (a notify_all on one condition woke every thread and the caller). Measured within
         # noise on W2 with 2 threads: most context switches there are GIL hand-offs.
@@ -153,19 +141,19 @@ class Delivery:
         k = self._next[s]
         try:
             batch = self._finish(next(self._streams[s]))
-            size = sized(batch) if k < _SIZED or k % _SIZED == 0 else None
+            if self._memory is not None and (k < _SIZED or k % _SIZED == 0) \
+                    and (size := nbytes(batch)) > self._largest:
+                self._largest = size
+                self._memory.batches_ahead = size * self._depth
             item: Item = ("batch", batch)
             del batch
         except StopIteration:
-            size, item = None, ("error", RuntimeError(
-                f"pqloader worker stream {s} ended before batch {k}; this is a bug in pqloader, "
-                "please report it"))
+            item = ("error", RuntimeError(f"pqloader worker stream {s} ended before batch {k}; "
+                                          "this is a bug in pqloader, please report it"))
         except BaseException as exc:  # handed to the caller, who re-raises it
             exc.add_note(f"in pqloader worker {s} ({self._where})")
-            size, item = None, ("error", exc)
+            item = ("error", exc)
         with self._lock:
-            if size is not None:
-                self._sized(*size)
             self._done[k] = item
             self._next[s] = k + len(self._streams)
             self._busy[s] = False
@@ -175,20 +163,6 @@ class Delivery:
             closed = self._closed
         if closed:  # close() skipped this stream while it was busy
             self._streams[s].close()  # type: ignore[attr-defined]
-
-    def _sized(self, size: int, whole: bool) -> None:
-        """A batch of ``size`` bytes was made (``whole``: all of it sized; lock held): under a
-        budget, room is kept for ``depth`` of the largest; small batches are made further ahead
-        while allowed."""
-        if not whole:
-            self._deepen, self._depth = False, self._least
-        if size <= self._largest:
-            return
-        self._largest = size
-        if self._memory is not None:
-            self._memory.batches_ahead = size * self._depth
-        elif self._deepen:
-            self._depth = max(self._least, min(_AHEAD_MOST, _AHEAD_BYTES // max(1, size)))
 
     def _run(self, index: int) -> None:
         try:

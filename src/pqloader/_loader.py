@@ -369,7 +369,7 @@ class DataLoader:
             streams, start=start, stop=stop, depth=self._depth(n),
             threads=tuner.threads if tuner is not None else threads or 0, max_threads=n,
             finish=self._placement.finish,
-            caller_helps=tuner is not None and not self.workers.timeout, deepen=tuner is None,
+            caller_helps=tuner is not None and not self.workers.timeout,
             worker_init_fn=self._thread_init, timeout_s=self.workers.timeout,
             where=f"rank {self.config.world.rank}, epoch {epoch}",
             memory=self._planner.stages.memory,

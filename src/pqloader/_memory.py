@@ -83,45 +83,31 @@ def nbytes(batch: Any) -> int:
     in dicts, lists and tuples three deep; a long list is judged by its first
     ``_SAMPLE`` items (a transform's list of 4,096 token lists made walking every value 7x
     slower than the loader). What it cannot size counts as nothing; it never raises."""
-    return sized(batch)[0]
-
-
-def sized(batch: Any) -> tuple[int, bool]:
-    """:func:`nbytes`, and whether every part of the batch was sized (numbers and None aside):
-    not a tensor on a device, a user's object, a list four deep (a transform's PIL images
-    beside a tensor of labels: the labels alone were sized, found in review)."""
-    unknown: list[bool] = []
     try:
-        return int(_size(batch, 3, unknown)), not unknown
+        return int(_size(batch, 3))
     except Exception:  # a user's object whose size cannot be read
-        return 0, False
+        return 0
 
 
 _SAMPLE = 16  # items of a long list that stand for all of it
 _EXACT = 64  # a list or dict this long is summed whole (a batch's columns)
 
 
-def _size(value: Any, depth: int, unknown: list[bool]) -> float:
-    """``value``'s bytes; what it cannot size counts as nothing, noted in ``unknown``."""
+def _size(value: Any, depth: int) -> float:
     if isinstance(value, torch.Tensor):  # its own values: a view of a window is no more
-        if value.is_cpu and value.layout == torch.strided:
-            return value.numel() * value.element_size()
-    elif isinstance(value, (np.ndarray, pa.Array, pa.ChunkedArray, pa.RecordBatch, pa.Table)):
-        if not isinstance(value, np.ndarray) or value.dtype != object:
-            return value.nbytes
-    elif isinstance(value, (str, bytes)):
+        return value.numel() * value.element_size() \
+            if value.is_cpu and value.layout == torch.strided else 0
+    if isinstance(value, (np.ndarray, pa.Array, pa.ChunkedArray, pa.RecordBatch, pa.Table)):
+        return value.nbytes
+    if isinstance(value, (str, bytes)):
         return len(value) + 50  # and the object's header
-    elif value is None or isinstance(value, (bool, int, float)):
+    if depth == 0 or not isinstance(value, (Mapping, list, tuple)):
         return 0
-    elif depth > 0 and isinstance(value, (Mapping, list, tuple)):
-        items = value.values() if isinstance(value, Mapping) else value
-        n = len(items)
-        if n <= _EXACT:
-            return sum(_size(v, depth - 1, unknown) for v in items)
-        return sum(_size(v, depth - 1, unknown)
-                   for v in itertools.islice(items, _SAMPLE)) * n / _SAMPLE
-    unknown.append(True)
-    return 0
+    items = value.values() if isinstance(value, Mapping) else value
+    n = len(items)
+    if n <= _EXACT:
+        return sum(_size(v, depth - 1) for v in items)
+    return sum(_size(v, depth - 1) for v in itertools.islice(items, _SAMPLE)) * n / _SAMPLE
 
 
 def window_bytes(budget_bytes: int, streams: int) -> int:

@@ -85,61 +85,6 @@ def test_depth_bounds_the_batches_made_ahead() -> None:
     d.close()
 
 
-@pytest.mark.parametrize(("batch_bytes", "ahead"), [(4_000, 64), (512 * 1024, 4),
-                                                      (4 * 2**20, 3)])
-def test_small_batches_are_made_further_ahead(batch_bytes: int, ahead: int) -> None:
-    """Without a budget, batches of a few KB are made up to 2 MiB ahead (64 at most): at the
-    depth alone the caller and the threads waited on each other about once a batch."""
-    made: list[int] = []
-    lock = threading.Lock()
-
-    def finish(b: int) -> torch.Tensor:
-        with lock:
-            made.append(b)
-        return torch.zeros(batch_bytes // 4, dtype=torch.float32)
-
-    d = _deliver(_streams(2, 0, 200), 0, 200, depth=3, finish=finish, deepen=True)
-    d.get(0)
-    time.sleep(0.5)  # the threads make what the depth allows, then wait for the caller
-    with lock:
-        assert max(made) == ahead
-    d.close()
-
-
-class _Image:  # a user's object (a PIL image): nbytes cannot size it
-    def __init__(self) -> None:
-        self.pixels = bytearray(1 << 20)
-
-
-@pytest.mark.parametrize("case", ["unsized part", "no deepening", "batches grow"])
-def test_batches_are_not_made_further_ahead_where_their_size_is_not_known(case: str) -> None:
-    """A transform's images beside a tensor of labels were made 64 deep (the labels alone
-    were sized), so were large batches after small ones until the next sized one (found in
-    review); and under the tuner (``deepen=False``), whose settling counts on ``depth``."""
-    made: list[int] = []
-    lock = threading.Lock()
-
-    def finish(b: int) -> dict[str, object]:
-        with lock:
-            made.append(b)
-        if case == "unsized part":
-            return {"label": torch.zeros(4), "image": [_Image()]}
-        return {"x": torch.zeros(10 if case != "batches grow" or b < 20 else 1 << 18)}
-
-    d = _deliver(_streams(2, 0, 200), 0, 200, depth=3, finish=finish,
-                 deepen=case != "no deepening")
-    for k in range(21 if case == "batches grow" else 1):
-        d.get(k)
-    time.sleep(0.5)
-    with lock:
-        if case == "batches grow":  # 64 small ones ahead, then large ones: made ahead by the
-            # small size until the next sized one (one in 8), then by 2 MiB or depth
-            assert max(made) <= 21 + 3 + 8 + 2, max(made)  # (+ the threads making one each)
-        else:
-            assert max(made) == 3
-    d.close()
-
-
 @pytest.mark.parametrize("room", [True, False])
 def test_under_a_spent_budget_only_the_callers_batch_is_made(room: bool) -> None:
     made: list[int] = []
