@@ -23,8 +23,9 @@ FORMAT = "pqloader.DataLoader"
 # makes old cursors point at other rows. 2: a worker's first windows ramp up (64, 128, ...
 # row groups), which changed the order of datasets with windows of more than 64 row groups.
 # 3: each shuffle draws from a generator of its own (``_seeds.py``), which changed every
-# shuffled order.
+# shuffled order; an unshuffled epoch's plan is as it was: its states of version 2 resume.
 VERSION = 3
+_UNSHUFFLED_SINCE = 2
 
 
 # Settings a resume may change (the rest of the epoch is dealt out anew) and must keep.
@@ -89,7 +90,11 @@ def read_state(state: Mapping[str, Any], dataset: Mapping[str, Any],
             f"not a pqloader.DataLoader state (format {state.get('format')!r})"
             if isinstance(state, Mapping) else f"a state must be a dict, got {type(state)}"
         )
-    if state.get("version") != VERSION:
+    saved_settings = state.get("settings")
+    unshuffled = isinstance(saved_settings, Mapping) and saved_settings.get("shuffle") is False
+    version = state.get("version")
+    if version != VERSION and not (unshuffled and isinstance(version, int)
+                                   and _UNSHUFFLED_SINCE <= version < VERSION):
         raise StateMismatchError(
             f"state version {state.get('version')!r}; this pqloader plans epochs as version "
             f"{VERSION}, so the state's cursor would point at other rows. Restore it with the "
@@ -106,7 +111,6 @@ def read_state(state: Mapping[str, Any], dataset: Mapping[str, Any],
             "files, sizes, row groups, schema or filter differ (columns= and filter= count: "
             "open the dataset as the run that saved the state did)"
         )
-    saved_settings = state.get("settings")
     if not isinstance(saved_settings, Mapping) or set(saved_settings) != set(settings):
         raise StateMismatchError(f"the state's settings {saved_settings!r} are incomplete")
     differ = [

@@ -191,6 +191,27 @@ def test_garbage_states_are_refused(make_dataset: Any, state: Any) -> None:
         loader.load_state_dict(state)
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_state_of_plan_version_2_resumes_only_unshuffled(make_dataset: Any,
+                                                           shuffle: bool) -> None:
+    """Version 3 changed every shuffled order (_seeds.py), no unshuffled one."""
+    ds = pqloader.ParquetDataset(make_dataset(1000))
+    kw: dict[str, Any] = {"batch_size": 100, "shuffle": shuffle, "num_workers": 0}
+    loader = pqloader.DataLoader(ds, **kw)
+    it = iter(loader)
+    first = [next(it)["id"].tolist() for _ in range(3)]
+    state = loader.state_dict()
+    rest = [b["id"].tolist() for b in it]
+    state["version"] = 2
+    other = pqloader.DataLoader(ds, **kw)
+    if shuffle:
+        with pytest.raises(pqloader.StateMismatchError, match="state version 2"):
+            other.load_state_dict(state)
+        return
+    other.load_state_dict(state)
+    assert [b["id"].tolist() for b in other] == rest and len(first) == 3
+
+
 def test_a_cursor_out_of_range_is_refused(make_dataset: Any) -> None:
     loader = pqloader.DataLoader(pqloader.ParquetDataset(make_dataset(100)), batch_size=10)
     state = loader.state_dict()
