@@ -167,27 +167,34 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
             continue
         if not lines or lines[0].get("format") != HEADER:
             raise InvalidArgumentError(f"{path}: not a pqloader audit record")
-        head = lines[0]
-        if num_rows is None:
-            num_rows, dataset, first = int(head["dataset"]["rows"]), head["dataset"], path
-        elif head["dataset"] != dataset:  # rows alone: two datasets of one size were merged
+        try:  # valid JSON that is no record: damage, told as such
+            head = lines[0]
+            if num_rows is None:
+                num_rows, dataset, first = int(head["dataset"]["rows"]), head["dataset"], path
+            elif head["dataset"] != dataset:  # rows alone: two datasets of one size were merged
+                raise InvalidArgumentError(
+                    f"{path}: records of another dataset than {first.name}'s in the same folder "
+                    f"({head['dataset']} against {dataset}); audit each run's folder alone")
+            for rec in lines[1:]:
+                epoch = int(rec["epoch"])
+                left_out[epoch].add(_left_out(num_rows, head))
+                worlds[epoch][int(head.get("world_size", 1))].add(path.name)
+                rows = decode_rows(rec["rows"])
+                count = counts.setdefault(epoch, np.zeros(num_rows, dtype=np.int32))
+                np.add.at(count, rows, 1)
+                report = reports.setdefault(epoch, EpochReport(epoch, num_rows))
+                report.delivered += len(rows)
+                rank = int(head["rank"])
+                report.batches_per_rank[rank] = report.batches_per_rank.get(rank, 0) + 1
+                key = f"{rank}/{rec['worker']}"
+                report.batches_per_worker[key] = report.batches_per_worker.get(key, 0) + 1
+                where[epoch].append((path.name, rank, int(rec["batch"]), rows))
+        except InvalidArgumentError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise InvalidArgumentError(
-                f"{path}: records of another dataset than {first.name}'s in the same folder "
-                f"({head['dataset']} against {dataset}); audit each run's folder alone")
-        for rec in lines[1:]:
-            epoch = int(rec["epoch"])
-            left_out[epoch].add(_left_out(num_rows, head))
-            worlds[epoch][int(head.get("world_size", 1))].add(path.name)
-            rows = decode_rows(rec["rows"])
-            count = counts.setdefault(epoch, np.zeros(num_rows, dtype=np.int32))
-            np.add.at(count, rows, 1)
-            report = reports.setdefault(epoch, EpochReport(epoch, num_rows))
-            report.delivered += len(rows)
-            rank = int(head["rank"])
-            report.batches_per_rank[rank] = report.batches_per_rank.get(rank, 0) + 1
-            key = f"{rank}/{rec['worker']}"
-            report.batches_per_worker[key] = report.batches_per_worker.get(key, 0) + 1
-            where[epoch].append((path.name, rank, int(rec["batch"]), rows))
+                f"{path}: a record lacks or garbles its {exc}; the file is damaged: move it "
+                "out of the folder to audit the others") from exc
     for epoch, report in reports.items():
         count = counts[epoch]
         report.duplicates = int((count > 1).sum())

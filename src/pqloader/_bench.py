@@ -147,9 +147,9 @@ def tune(dataset: ParquetDataset, *, batch_size: int, max_batches: int = 200, re
     default candidates, is timed once its tuner has settled, and every candidate alike from a
     fresh epoch of a warm loader.
     """
-    if candidates is None:
-        candidates = [{"num_workers": n, "prefetch_factor": p}
-                      for n in (0, 1, 2, 3, 4) for p in (2, 8) if n or p == 2]
+    if candidates is None:  # (0 workers: no prefetch, the caller makes each batch)
+        candidates = [{"num_workers": 0}, *({"num_workers": n, "prefetch_factor": p}
+                                            for n in (1, 2, 3, 4) for p in (2, 8))]
         candidates.append({"num_workers": "auto"})
     runs: list[list[BenchResult]] = [[] for _ in candidates]
     for _ in range(repeats):

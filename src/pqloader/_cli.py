@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -79,7 +80,7 @@ def _cmd_write(args: argparse.Namespace) -> int:
         paths = pqloader.write_dataset(
             stream, target, rows_per_file=args.rows_per_file,
             row_group_size=args.row_group_size, compression=args.compression,
-            overwrite=args.overwrite, progress=not args.no_progress)
+            overwrite=args.overwrite, progress=False if args.no_progress else None)
     except pqloader.InvalidArgumentError as exc:  # its advice is for Python callers
         raise CommandFailure(_in_cli_words(str(exc), args)) from exc
     except CommandFailure as exc:  # say what the error left in DST
@@ -176,9 +177,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
               f"{result.rows_per_s:>12,.0f} {result.rows_per_s / best:>7.2f} "
               f"{result.first_batch_s or 0.0:>8.2f} "  # (tune refuses a dataset of no row)
               f"{result.peak_rss_mib:>9,.0f}")
-    top = ranked[0][0]
-    print(f"best: DataLoader(ds, batch_size={args.batch_size}, "
-          + ", ".join(f"{k}={v!r}" for k, v in top.items()) + ")")
+    top = {"batch_size": args.batch_size, "shuffle": not args.no_shuffle, **ranked[0][0]}
+    opened = "" if args.columns is None else \
+        f"  (ds = ParquetDataset(..., columns={args.columns!r}))"
+    print("best: DataLoader(ds, " + ", ".join(f"{k}={v!r}" for k, v in top.items()) + ")"
+          + opened)
     return 0
 
 
@@ -343,6 +346,20 @@ def _in_cli_words(text: str, args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``pqloader argv...``; return 0 when done, 1 when it failed, 2 for bad usage."""
+    shown = warnings.formatwarning
+    warnings.formatwarning = _warning  # the library's warnings, as the CLI's other messages
+    try:
+        return _main(argv)
+    finally:
+        warnings.formatwarning = shown
+
+
+def _warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             line: str | None = None) -> str:
+    return f"pqloader: warning: {message}\n"
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

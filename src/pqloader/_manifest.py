@@ -132,10 +132,13 @@ def match_manifest(text: str, where: str, found: dict[str, int],
         return None
     if body["version"] < VERSION and any(has_bytes(f.type) for f in schema):
         return None  # its string sizes may be the footers' (7-24x too small): read the footers
-    stale = sorted(set(found) ^ set(listed)) or [
-        name for name in sorted(found) if found[name] != listed[name]["size"]]
+    stale = [f"{name} is missing" for name in sorted(set(listed) - set(found))] + [
+        f"{name} is not listed" for name in sorted(set(found) - set(listed))] + [
+        f"{name} changed size" for name in sorted(set(found) & set(listed))
+        if found[name] != listed[name]["size"]]
     if stale:
-        warnings.warn(f"{where} does not match the files ({stale[0]} differs); reading the "
+        more = f", and {len(stale) - 1} more" if len(stale) > 1 else ""
+        warnings.warn(f"{where} does not match the files ({stale[0]}{more}); reading the "
                       "footers instead. Rewrite the dataset, or delete the manifest",
                       stacklevel=4)
         return None

@@ -205,10 +205,15 @@ def test_write_respects_rows_per_file_and_row_group_size(tmp_path, capsys) -> No
     assert {g.column(0).compression for g in groups} == {"ZSTD"}
 
 
-def test_write_shows_progress_unless_told_not_to(tmp_path, capsys) -> None:
+def test_write_shows_progress_on_a_terminal_unless_told_not_to(tmp_path, capsys,
+                                                                 monkeypatch) -> None:
+    """Not on a terminal (a log, a pipe): no bar, as bench (its carriage returns were written
+    into logs: found in review)."""
     src = write_csv(tmp_path / "in.csv", 10)
-    assert run(capsys, "write", src, tmp_path / "a")[2].count("writing a") >= 1
-    assert run(capsys, "write", src, tmp_path / "b", "--no-progress")[2] == ""
+    assert run(capsys, "write", src, tmp_path / "a")[2] == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert run(capsys, "write", src, tmp_path / "b")[2].count("writing b") >= 1
+    assert run(capsys, "write", src, tmp_path / "c", "--no-progress")[2] == ""
 
 
 def test_write_format_flag_overrides_the_extension(tmp_path, capsys) -> None:
@@ -533,6 +538,32 @@ def test_version_and_help(capsys) -> None:
     assert code == 0 and "--rows-per-file" in out and "--no-progress" in out
 
 
+def test_a_library_warning_is_one_line_naming_what_differs(make_dataset) -> None:
+    """Python's own format showed pqloader's file, line and source; "differs" was said of a
+    file missing too (found in review). In a process of its own: pytest records warnings."""
+    path = make_dataset(ROWS)
+    next(path.glob("part-*.parquet")).unlink()
+    done = subprocess.run([sys.executable, "-m", "pqloader", "inspect", str(path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("pqloader: warning: ") and done.stderr.count("\n") == 1, \
+        done.stderr
+    assert "is missing" in done.stderr and ".py:" not in done.stderr
+
+
+def test_audit_of_a_record_lacking_a_field_says_the_file_is_damaged(make_dataset, tmp_path,
+                                                                     capsys) -> None:
+    audit = tmp_path / "audit"
+    list(pqloader.DataLoader(pqloader.ParquetDataset(make_dataset(ROWS)), batch_size=100,
+                             audit_dir=audit))
+    (records,) = audit.glob("rank*.jsonl")
+    lines = records.read_text().splitlines()
+    records.write_text("\n".join([lines[0], '{"epoch": 0, "batch": 0, "worker": 0}']) + "\n")
+    code, out, err = run(capsys, "audit", audit)
+    assert (code, out) == (1, "")
+    assert "lacks or garbles its 'rows'; the file is damaged" in err and "Traceback" not in err
+
+
 def test_python_dash_m_runs_in_a_subprocess(make_dataset) -> None:
     path = make_dataset(ROWS)
     done = subprocess.run([sys.executable, "-m", "pqloader", "inspect", str(path), "--json"],
@@ -643,6 +674,17 @@ def test_tune_ranks_settings_best_first(make_dataset, capsys) -> None:
     header, first = out.splitlines()[:2]
     assert header.endswith("peak MiB")
     assert float(first.split()[-1].replace(",", "")) > 0  # each setting's peak RSS
+    # the best line builds the loader that was timed: shuffled (DataLoader's default is not),
+    # 0 workers without a prefetch it never used (found in review)
+    best = out.splitlines()[-1]
+    assert best.startswith("best: DataLoader(ds, batch_size=100, shuffle=True, num_workers=")
+    assert "num_workers=0, prefetch" not in best
+    assert not any(r["num_workers"] == 0 and "prefetch_factor" in r for r in ranked)
+    code, out, _ = run(capsys, "tune", make_dataset(2000), "--batch-size", "100", "--no-shuffle",
+                       "--columns", "id", "--max-batches", "2", "--repeats", "1",
+                       "--settle-s", "0")
+    assert "shuffle=False" in out.splitlines()[-1]
+    assert "columns=['id']" in out.splitlines()[-1]
 
 
 @pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
