@@ -59,7 +59,7 @@ def _cmd_write(args: argparse.Namespace) -> int:
     try:
         typed = dict(args.column_type or [])
         schema, batches, inputs = open_source(source, fmt, typed, args.encoding,
-                                              args.delimiter)
+                                              args.delimiter, args.columns)
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, pqloader.PQLoaderError):
             raise
@@ -264,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     wr.add_argument("--delimiter", type=_delimiter, metavar="C",
                     help="what separates a CSV file's fields: one character, or tab "
                          "(default: a comma)")
+    wr.add_argument("--columns", type=_names, metavar="A,B",
+                    help="a Parquet source's columns to write (default: all)")
     wr.add_argument("--overwrite", action="store_true", help="replace part-*.parquet in DST")
     wr.add_argument("--no-progress", action="store_true", help="no progress bar")
     wr.set_defaults(run=_cmd_write, parser=wr, **_WRITE_DEFAULTS)

@@ -53,11 +53,14 @@ def guess_format(source: str) -> str:
     return fmt
 
 
-def _parquet_batches(source: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch], list[str]]:
+def _parquet_batches(source: str, columns: list[str] | None = None
+                     ) -> tuple[pa.Schema, Iterator[pa.RecordBatch], list[str]]:
     """The dataset's rows in order, a row group at a time, as pqloader reads them: its hive
     partition columns (only ``key=value`` folders: a plain folder named like a column replaced
-    its values with ""), types unified across files, INT96 in microseconds."""
-    ds = pqloader.ParquetDataset(source)  # checks every footer and the schema before writing
+    its values with ""), types unified across files, INT96 in microseconds; ``columns``
+    alone, where given (files whose columns differ: those they share)."""
+    ds = pqloader.ParquetDataset(source, columns=columns)  # checks every footer and the
+    # schema before writing
 
     def gen() -> Iterator[pa.RecordBatch]:
         try:
@@ -77,7 +80,8 @@ _OTHER_DELIMITERS = (";", "\t", "|")  # a one-column header holding one: refused
 
 
 def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | None = None,
-                encoding: str | None = None, delimiter: str | None = None
+                encoding: str | None = None, delimiter: str | None = None,
+                columns: list[str] | None = None
                 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch], list[str]]:
     """The source's schema, its batches and the files they come from.
 
@@ -92,8 +96,11 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
     if fmt != "csv" and delimiter is not None:
         raise CommandFailure(f"--delimiter is for CSV; a {fmt} source has no delimiter",
                              code=2)
+    if fmt != "parquet" and columns is not None:
+        raise CommandFailure(f"--columns is for a Parquet source; a {fmt} source is written "
+                             "whole", code=2)
     if fmt == "parquet":
-        return _parquet_batches(source)
+        return _parquet_batches(source, columns)
     if not Path(source).is_file():
         raise CommandFailure(f"{source}: no such file (a {fmt} source is one file); "
                              "check the path")

@@ -193,6 +193,23 @@ def test_write_parquet_leaves_plain_folders_named_like_a_column_alone(tmp_path, 
             {"id": i, column: v} for i, v in zip((1, 2), values, strict=True)]
 
 
+def test_write_takes_the_columns_parquet_files_share(tmp_path, capsys) -> None:
+    """Its advice for files whose columns differ was --columns, which write lacked (found in
+    review); a CSV or JSON source is written whole."""
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"id": [0, 1], "x": [0.5, 1.5]}), src / "a.parquet")
+    pq.write_table(pa.table({"id": [2], "x": [2.5], "z": ["new"]}), src / "b.parquet")
+    code, _, err = run(capsys, "write", src, tmp_path / "a", "--no-progress")
+    assert code == 1 and "--columns A,B" in err
+    assert run(capsys, "write", src, tmp_path / "b", "--no-progress", "--columns", "id,x")[0] == 0
+    assert pq.read_table(tmp_path / "b").to_pylist() == [
+        {"id": i, "x": i + 0.5} for i in range(3)]
+    code, _, err = run(capsys, "write", write_csv(tmp_path / "in.csv", 3), tmp_path / "c",
+                       "--columns", "id")
+    assert code == 2 and "--columns is for a Parquet source" in err
+
+
 def test_write_respects_rows_per_file_and_row_group_size(tmp_path, capsys) -> None:
     src, dst = write_csv(tmp_path / "in.csv", 1000), tmp_path / "out"
     code, _, err = run(capsys, "write", src, dst, "--no-progress", "--rows-per-file", 300,
