@@ -26,9 +26,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"freed {human_bytes(cache.clear())} in {args.dir}")
         return 0
     old = cache.old_layouts()
-    note = (f"plus {human_bytes(sum(old.values()))} in entries of older pqloader versions "
-            f"({', '.join(old)}), which this version never reads: `pqloader cache clear "
-            f"{args.dir}` deletes them") if old else ""
+    note = (f"plus {human_bytes(sum(old.values()))} in entries of other pqloader versions' "
+            f"layouts ({', '.join(old)}), which this version never reads: `pqloader cache "
+            f"clear {args.dir}` deletes them") if old else ""
     if args.action == "du":
         entries = cache.entries()
         used = sum(e.size_bytes for e in entries)

@@ -253,7 +253,7 @@ def test_old_layouts_are_shown_and_cleared(tmp_path: Path,
     assert cli(["cache", "du", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["old_layouts"] == {"v1": 5000}
     assert cli(["cache", "ls", str(tmp_path)]) == 0
-    assert "older pqloader versions (v1)" in capsys.readouterr().out
+    assert "other pqloader versions' layouts (v1)" in capsys.readouterr().out
     assert cache.clear() >= 5100
     assert not (tmp_path / "v1").exists() and cache.usage() == 0 and cache.old_layouts() == {}
 
