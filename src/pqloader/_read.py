@@ -5,7 +5,8 @@ ranges of the projected column chunks (coalesced, in parallel, retried, through 
 decoding them with the footer already known, so no request is spent on the footer again. A
 row group's coalesced range is one cache entry, memory-mapped when read back: pyarrow decodes
 from the page cache through a zero-copy view. A narrower projection is sliced out of the whole
-row group's entry when one is cached.
+row group's entry when one is cached (the ranges and what is found without a request:
+``_chunks.py``).
 """
 
 from __future__ import annotations
@@ -22,25 +23,25 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._cache import Buffer, CorruptCacheEntry
+from ._cache import Buffer
+from ._chunks import NO_SPLIT, chunk_range, within_tail, within_whole
 from ._conform import CHANGED as _CHANGED
 from ._conform import conform
 from ._discover import Discovery, FileEntry
 from ._errors import CorruptFileError, DatasetNotFoundError, PQLoaderError, SchemaMismatchError
 from ._fetch import cached_ranges
-from ._footers import remote_footer_and_tail, tail_range
+from ._footers import remote_footer_and_tail
 from ._fs import ObjectInfo
 from ._int96 import READ as INT96
 from ._int96 import file_schema
 from ._rangefile import RangeFile
-from ._ranges import Range, coalesce
+from ._ranges import coalesce
 from ._schema import same_type, unviewed
 from ._sizes import leaf_count
 from ._widen import fits
 
 PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
 _KEPT_TAILS = 32  # remote footers' tails kept per reader (64 KiB each at most)
-_NO_SPLIT = 1 << 62  # coalesce's part size when ranges are merged only, never cut
 # A row group decoded on pyarrow's threads from this size up: below it, handing its columns
 # to the pool cost more than it saved (17 float columns: 255 against 212 us at 100 rows,
 # 500 against 307 at 1,000; equal at ~20,000 rows, 1.4 MB; 2.8 against 3.8 ms at 4.5 MB).
@@ -302,13 +303,14 @@ class FragmentReader:
         obj = self._object(d.files[file_index])
         footer = self._footer(file_index)
         rg = footer.row_group(row_group)
-        ranges = [_chunk_range(rg.column(i), obj.size) for i in self._leaf_columns(file_index)]
+        ranges = [chunk_range(rg.column(i), obj.size) for i in self._leaf_columns(file_index)]
         # One range (and one cache entry) per run of projected chunks with gaps under
         # hole_bytes between them: the gaps of a projection of a wide table, the columns not
         # read, are neither fetched nor cached when they are larger than that.
-        spans = coalesce(ranges, d.store.retry.hole_bytes, part=_NO_SPLIT)
-        chunks = self._within_tail(file_index, obj, spans) or self._within_whole(
-            obj, rg, spans) or cached_ranges(d.store, d.cache, obj.path, obj.version, spans)
+        spans = coalesce(ranges, d.store.retry.hole_bytes, part=NO_SPLIT)
+        chunks = within_tail(self._tails.get(file_index), d.store, d.cache, obj, spans) \
+            or within_whole(d.store, d.cache, obj, rg, spans) \
+            or cached_ranges(d.store, d.cache, obj.path, obj.version, spans)
         store, cache = d.store, d.cache
 
         def fetch(offset: int, length: int) -> Buffer:  # a read outside the known chunks
@@ -316,67 +318,6 @@ class FragmentReader:
             return cached_ranges(store, cache, obj.path, obj.version, [r])[r]
 
         return pa.PythonFile(RangeFile(obj.size, chunks, fetch), mode="r")
-
-    def _within_tail(self, file_index: int, obj: ObjectInfo, spans: list[Range]
-                     ) -> dict[Range, Buffer] | None:
-        """``spans`` sliced out of the tail fetched for the file's footer, when they lie in
-        it (a small file's row groups; a large file's last, when small) and it is at hand:
-        fetched here lately, or in the cache. None otherwise."""
-        d = self._d
-        assert d.store is not None
-        start, n = tail_range(obj.size)
-        if any(a < start or a + length > start + n for a, length in spans):
-            return None
-        tail = self._tails.get(file_index)
-        if tail is None:
-            if d.cache is None or obj.version is None:
-                return None
-            try:
-                tail = d.cache.get(d.store.url(obj.path), obj.version, start, n)
-            except CorruptCacheEntry:
-                d.store.stats.add(cache_corrupt=1)
-                return None
-            if tail is None:
-                return None
-            d.store.stats.add(cache_hits=1)
-        return {(a, length): tail.slice(a - start, length) for a, length in spans}
-
-    def _within_whole(self, obj: ObjectInfo, rg: Any, spans: list[Range]
-                      ) -> dict[Range, Buffer] | None:
-        """A narrower projection's spans, sliced out of the row group's entry for every column
-        when a read of the whole row group cached it (the usual first read: no ``columns=``);
-        None when that entry is absent or damaged, or is what ``spans`` asks for anyway.
-
-        Cache entries are keyed by their exact range, so without this a second job reading
-        some of the columns fetched again what the cache already held.
-        """
-        d = self._d
-        if d.cache is None or d.store is None or obj.version is None:
-            return None
-        every = coalesce([_chunk_range(rg.column(i), obj.size) for i in range(rg.num_columns)],
-                         d.store.retry.hole_bytes, part=_NO_SPLIT)
-        if every == spans:
-            return None
-        url = d.store.url(obj.path)
-        wholes: dict[Range, pa.Buffer] = {}
-        out: dict[Range, Buffer] = {}
-        for start, length in spans:
-            whole = next(((w0, wn) for w0, wn in every
-                          if w0 <= start and start + length <= w0 + wn), None)
-            if whole is None:
-                return None
-            if whole not in wholes:
-                try:
-                    data = d.cache.get(url, obj.version, *whole)
-                except CorruptCacheEntry:
-                    d.store.stats.add(cache_corrupt=1)
-                    return None
-                if data is None:
-                    return None
-                wholes[whole] = data
-            out[(start, length)] = wholes[whole].slice(start - whole[0], length)
-        d.store.stats.add(cache_hits=len(wholes))
-        return out
 
     def _leaf_columns(self, file_index: int) -> Sequence[int]:
         """The Parquet leaf columns that hold the projected columns, for one file (all of
@@ -405,11 +346,3 @@ class _ByIndex(pq.ParquetFile):  # type: ignore[misc]
 
     def _build_nested_paths(self) -> dict[str, list[int]]:
         return {}
-
-
-def _chunk_range(col: Any, file_size: int) -> Range:
-    """A column chunk's bytes: from its dictionary page (if any) over its compressed size."""
-    start = col.data_page_offset
-    if col.has_dictionary_page and 0 < col.dictionary_page_offset < start:
-        start = col.dictionary_page_offset
-    return start, max(0, min(col.total_compressed_size, file_size - start))
