@@ -288,8 +288,8 @@ def to_torch(columns: Mapping[str, Any], kinds: Mapping[str, Kind]) -> dict[str,
     batch: dict[str, Any] = {}
     for name, values in columns.items():
         kind = kinds[name]
-        if kind == "numeric":
-            batch[name] = _tensor(values)
+        if kind == "numeric":  # (_tensor inline: a call per column and batch, ~0.1 us)
+            batch[name] = torch.from_numpy(values if values.flags.writeable else values.copy())
         elif kind == "list":
             batch.update(_padded(values, name))
         elif kind == "fixed_list":  # no nulls left (prepare); a batch is a slice: mind offset

@@ -235,7 +235,10 @@ def _cut(loaded: Iterator[_Loaded], sizes: Sequence[int]) -> Iterator[Columns]:
                 window = None  # unbound while the next one loads: one window less held
                 window, pos = next(loaded), 0
             take = min(size - have, window.num_rows - pos)
-            pending.append({n: _slice(v, pos, pos + take) for n, v in window.columns.items()})
+            end = pos + take  # numpy columns sliced inline: a call per column and batch cost
+            # ~0.15 us, 5 us of a batch of W1's 33 columns (~45 us at 64 rows, measured)
+            pending.append({n: v[pos:end] if type(v) is np.ndarray else _slice(v, pos, end)
+                            for n, v in window.columns.items()})
             at = window.segment.start + pos
             where.append((window.segment.window, at, at + take))
             have += take
