@@ -47,6 +47,10 @@ _FEWEST = 4  # slots of a ring of large batches (each ring at most _MOST_BYTES)
 _HEADER = 64  # bytes: a flag per slot, the ring's "mapped" flag last
 _MAPPED = _HEADER - 1
 _MOST_BYTES = 256 * 2**20  # a ring's slots together at most: a larger batch goes the torch way
+# ... and at most this share of what /dev/shm has free when it is made: a ring's slots stay
+# (torch's way frees each batch's segment), and a container's /dev/shm is small (Docker: 64 MB
+# by default), where a write past what is free kills the process (SIGBUS)
+_SHARE = 8
 _RENEW = 2  # a ring found full for this many times its slots in a row is left to its holders
 _FREE, _TAKEN = 0, 1
 
@@ -108,7 +112,8 @@ def take(nbytes: int) -> tuple[_Ring, int, torch.Tensor] | None:
         least = _ring.slot_bytes if _ring is not None and nbytes <= _ring.slot_bytes else \
             2 * (_ring.slot_bytes if _ring is not None else 0)
         slot_bytes = -(-max(nbytes * 5 // 4, least, 4096) // 4096) * 4096
-        slots = next((n for n in (SLOTS, _FEWEST) if n * slot_bytes <= _MOST_BYTES), 0)
+        most = min(_MOST_BYTES, _room() // _SHARE)
+        slots = next((n for n in (SLOTS, _FEWEST) if n * slot_bytes <= most), 0)
         if not slots:
             return None
         _ring = _Ring(slot_bytes, slots)  # an old one lives on while its views do
@@ -116,6 +121,16 @@ def take(nbytes: int) -> tuple[_Ring, int, torch.Tensor] | None:
     if slot is None:
         return None
     return _ring, slot, _ring.slots[slot][:nbytes]
+
+
+def _room() -> int:
+    """Bytes free in /dev/shm, where the segments live (where it cannot be told, as if it
+    held any ring)."""
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:
+        return _MOST_BYTES * _SHARE
+    return stat.f_bavail * stat.f_frsize
 
 
 # -- the loader's process ----------------------------------------------------------------------
