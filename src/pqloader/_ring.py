@@ -114,9 +114,12 @@ def take(nbytes: int) -> tuple[_Ring, int, torch.Tensor] | None:
         slot_bytes = -(-max(nbytes * 5 // 4, least, 4096) // 4096) * 4096
         most = min(_MOST_BYTES, _room() // _SHARE)
         slots = next((n for n in (SLOTS, _FEWEST) if n * slot_bytes <= most), 0)
-        if not slots:
+        if slots:
+            _ring = _Ring(slot_bytes, slots)  # an old one lives on while its views do
+        elif _ring is None or nbytes > _ring.slot_bytes:
             return None
-        _ring = _Ring(slot_bytes, slots)  # an old one lives on while its views do
+        else:  # no room for a new one: the full one's slots may come free yet
+            _ring.full = 0
     slot = _ring.take()
     if slot is None:
         return None

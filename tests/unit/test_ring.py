@@ -199,3 +199,21 @@ def test_a_small_dev_shm_keeps_batches_the_torch_way(tmp_path: Path, monkeypatch
     got = list(_loader(ds, "process"))
     assert all(_same(a, b) for a, b in zip(got, expected, strict=True))
     assert not any(_in_a_ring(b["f0"]) for b in got)
+
+
+def test_a_full_ring_without_room_for_another_is_used_again_once_freed() -> None:
+    """A ring left full (batches held) with no room for a new one: its slots, freed later, are
+    taken again, not given up for good."""
+    saved = _ring._ring, _ring._room
+    try:
+        _ring._ring = None
+        got = [_ring.take(1000) for _ in range(8)]
+        assert all(g is not None for g in got)
+        ring = got[0][0]  # type: ignore[index]
+        _ring._room = lambda: 0  # no room for another ring from here on
+        assert all(_ring.take(1000) is None for _ in range(2 * 8 + 1))  # full, past renewal
+        ring.flags[3] = 0  # the loader's process let go of slot 3
+        again = _ring.take(1000)
+        assert again is not None and again[0] is ring and again[1] == 3
+    finally:
+        _ring._ring, _ring._room = saved
