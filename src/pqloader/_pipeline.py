@@ -105,7 +105,7 @@ class Stages:
         emitted = window.order()
         positions = emitted[segment.start:segment.stop]  # window rows, in emission order
         wanted = np.sort(positions)
-        starts = np.cumsum([0, *(s.num_rows for s in window.slices)]).tolist()
+        starts = window.starts().tolist()
         bounds = np.searchsorted(wanted, starts).tolist()
         needed = [(s, wanted[lo:hi] - first) for s, first, lo, hi in zip(
             window.slices, starts, bounds, bounds[1:], strict=False) if lo < hi]
@@ -170,26 +170,27 @@ class Stages:
             named: dict[Slice, None] = {}
             for window, start, stop in parts:
                 rows = window.order()[start:stop]
-                starts = np.cumsum([0, *(s.num_rows for s in window.slices)])
-                for k in np.unique(np.searchsorted(starts, rows, side="right") - 1).tolist():
+                found = np.searchsorted(window.starts(), rows, side="right") - 1
+                for k in np.unique(found).tolist():
                     named[window.slices[k]] = None
         except Exception:  # a note must not hide the error it notes
             return ""
         if not named:
             return ""
-        ordered = sorted(named, key=lambda s: (s.fragment, s.start))
-        listed = "; ".join(self.reader.discovery.where(s.fragment) for s in ordered[:_NAMED])
-        more = f"; and {len(named) - _NAMED:,} row groups more" if len(named) > _NAMED else ""
-        return f"; its rows are from {listed}{more}"
+        return "; its rows are from " + self._named(
+            sorted(named, key=lambda s: (s.fragment, s.start)))
 
     def describe(self, window: Window, column: pa.ChunkedArray | None = None) -> str:
         """The files and row groups a window reads, for error messages: those holding the
         nulls of ``column`` (of the window, read order), when it has any."""
-        slices = window.slices
+        slices: Sequence[Slice] = window.slices
         if column is not None and _nulls(column):
-            starts = np.cumsum([0, *(s.num_rows for s in slices)])
-            slices = tuple(s for s, at in zip(slices, starts.tolist(), strict=False)
+            slices = tuple(s for s, at in zip(slices, window.starts().tolist(), strict=False)
                            if _nulls(column.slice(at, s.num_rows))) or slices
+        return self._named(slices)
+
+    def _named(self, slices: Sequence[Slice]) -> str:
+        """The files and row groups of ``slices``: ``_NAMED`` of them, then how many more."""
         named = "; ".join(self.reader.discovery.where(s.fragment) for s in slices[:_NAMED])
         return named + (f"; and {len(slices) - _NAMED:,} row groups more"
                         if len(slices) > _NAMED else "")

@@ -73,6 +73,10 @@ class Window:
     def num_rows(self) -> int:
         return sum(s.num_rows for s in self.slices)
 
+    def starts(self) -> np.ndarray:
+        """Where each slice's rows begin, numbered as the slices concatenated; the total last."""
+        return np.cumsum([0, *(s.num_rows for s in self.slices)])
+
     def order(self) -> np.ndarray:
         """The order in which this window's rows (numbered as its slices concatenated) go out."""
         if self.key is None:

@@ -520,11 +520,8 @@ def test_s3_a_store_gone_is_told_after_one_footers_retries(s3_proxy: Callable[..
                                  retry=policy)
     seen = len(proxy.settled_requests())  # type: ignore[attr-defined]
     own.close()  # the proxy answers 502 from now on
-    try:
-        with pytest.raises(pqloader.RemoteIOError, match="gave up after 3 attempts"):
-            list(pqloader.DataLoader(ds, batch_size=10_000, num_workers=0))
-    finally:
-        own.close()
+    with pytest.raises(pqloader.RemoteIOError, match="gave up after 3 attempts"):
+        list(pqloader.DataLoader(ds, batch_size=10_000, num_workers=0))
     gets = [r for r in proxy.settled_requests()[seen:]  # type: ignore[attr-defined]
             if r.method == "GET"]
     assert len(gets) == 3  # the footer's three tries; no row group asked for after them
