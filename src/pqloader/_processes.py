@@ -22,7 +22,7 @@ import torch.utils.data
 
 from ._config import START_GRACE_S, WorkerConfig
 from ._errors import InvalidArgumentError, LoaderTimeoutError
-from ._ring import forget_dead
+from ._ring import forget_dead, in_flight
 from ._torch import Planner, TorchIterable
 
 
@@ -121,7 +121,7 @@ class ProcessDelivery:
         loader = torch.utils.data.DataLoader(
             TorchIterable.from_planner(self._planner), batch_size=None,
             num_workers=w.num_workers, pin_memory=self._pin, timeout=w.timeout,
-            worker_init_fn=_Started(up, w.worker_init_fn),
+            worker_init_fn=_Started(up, w.worker_init_fn, w.prefetch_factor),
             persistent_workers=w.persistent_workers,
             prefetch_factor=w.prefetch_factor,
             multiprocessing_context=w.multiprocessing_context,
@@ -139,11 +139,13 @@ class _Superseded(Exception):
 class _Started:
     """The ``worker_init_fn`` torch runs: the user's, then one count of a worker up."""
 
-    def __init__(self, up: Any, init: Callable[[int], Any] | None) -> None:
+    def __init__(self, up: Any, init: Callable[[int], Any] | None, prefetch_factor: int) -> None:
         self.up = up
         self.init = init
+        self.prefetch_factor = prefetch_factor
 
     def __call__(self, worker_id: int) -> None:
+        in_flight(self.prefetch_factor)
         try:
             if self.init is not None:
                 self.init(worker_id)  # its error reaches the caller with the first batch

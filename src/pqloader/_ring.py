@@ -43,6 +43,7 @@ import torch
 import torch.multiprocessing
 
 SLOTS = 8  # per worker: torch's prefetch_factor (2) in flight, the caller's, a pinning thread's
+_BESIDE = SLOTS - 2  # slots beyond those in flight: held by the caller, a pinning thread
 _FEWEST = 4  # slots of a ring of large batches (each ring at most _MOST_BYTES)
 _HEADER = 64  # bytes: a flag per slot, the ring's "mapped" flag last
 _MAPPED = _HEADER - 1
@@ -99,6 +100,14 @@ class _Ring:
 
 
 _ring: _Ring | None = None  # this worker process's
+_slots = SLOTS  # of a ring made here
+
+
+def in_flight(prefetch_factor: int) -> None:
+    """This worker has up to ``prefetch_factor`` batches in flight: its rings get that many
+    slots besides those the caller holds (a deeper prefetch sent the rest the torch way)."""
+    global _slots
+    _slots = max(SLOTS, prefetch_factor + _BESIDE)
 
 
 def take(nbytes: int) -> tuple[_Ring, int, torch.Tensor] | None:
@@ -113,7 +122,7 @@ def take(nbytes: int) -> tuple[_Ring, int, torch.Tensor] | None:
             2 * (_ring.slot_bytes if _ring is not None else 0)
         slot_bytes = -(-max(nbytes * 5 // 4, least, 4096) // 4096) * 4096
         most = min(_MOST_BYTES, _room() // _SHARE)
-        slots = next((n for n in (SLOTS, _FEWEST) if n * slot_bytes <= most), 0)
+        slots = next((n for n in (_slots, _FEWEST) if n * slot_bytes <= most), 0)
         if slots:
             _ring = _Ring(slot_bytes, slots)  # an old one lives on while its views do
         elif _ring is None or nbytes > _ring.slot_bytes:
@@ -217,8 +226,8 @@ def _forked_parent() -> None:
 
 def _forked() -> None:
     """A forked child (a worker) has no ring of its own yet, and maps none of its parent's."""
-    global _ring, _mapped, _live, _lock
-    _ring, _mapped, _live, _lock = None, {}, {}, threading.RLock()
+    global _ring, _slots, _mapped, _live, _lock
+    _ring, _slots, _mapped, _live, _lock = None, SLOTS, {}, {}, threading.RLock()
 
 
 os.register_at_fork(before=_forking, after_in_parent=_forked_parent, after_in_child=_forked)

@@ -3,9 +3,11 @@ real worker processes: the data as thread workers deliver it, whatever the consu
 
 from __future__ import annotations
 
+import collections
 import gc
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,22 @@ def test_batches_the_caller_holds_are_never_overwritten(tmp_path: Path) -> None:
     assert 0 < sum(_in_a_ring(b["f0"]) for b in held) < len(held)
     held.clear()  # their slots are free again: the next epoch's batches use them
     assert all(_in_a_ring(b["f0"]) for b in _loader(ds, "process"))
+
+
+def test_a_deeper_prefetch_gets_as_many_slots_more(tmp_path: Path) -> None:
+    """prefetch_factor=12: each worker has up to 12 batches in flight while the caller holds
+    its last 4 (2 per worker): 14 slots a worker at least, where a ring of 8 sent the rest the
+    torch way. The caller is slow, so that the workers fill their prefetch."""
+    ds = _dataset(tmp_path)
+    expected = list(_loader(ds, "thread"))
+    held: collections.deque[dict[str, torch.Tensor]] = collections.deque(maxlen=4)
+    ringed = 0
+    for k, batch in enumerate(_loader(ds, "process", prefetch_factor=12)):
+        assert _same(batch, expected[k]), k
+        ringed += _in_a_ring(batch["f0"])
+        held.append(batch)
+        time.sleep(0.005)
+    assert ringed == len(expected) == 120
 
 
 def _growing(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
