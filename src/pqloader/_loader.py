@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -251,7 +251,9 @@ class DataLoader:
         exactly once in the rest of the epoch (plus at most ``world_size - 1`` repeats when
         padding, as always) and no yielded row comes again; the order of those rows is new,
         in windows of this loader's size (the old windows are cut to it: a memory budget
-        holds). Either way at most one shuffle window per worker is read before the first
+        holds); in the same world size and batch size each rank deals out its own rows left
+        (beside ranks that resume exactly, the two agree). Either way at most one shuffle
+        window per worker is read before the first
         batch. A loader whose window size is automatic (no ``shuffle_window_rows``) takes
         the state's, unless that would pass its ``memory_budget_bytes``: the automatic size
         may differ between pqloader versions.
@@ -281,11 +283,11 @@ class DataLoader:
             origin, batches = cursor.origin, cursor.batches
         elif cursor.batches == 0:  # nothing of that plan delivered: deal what it was dealt
             # (its drop_last dropped no row twice), the old windows cut to this loader's
-            origin = None if cursor.origin is None else {**cursor.origin, "recut": True}
+            origin = None if cursor.origin is None else _dealt(cursor.origin, current)
             batches = 0
         else:
-            origin = {"settings": dict(cursor.settings), "batches": cursor.batches,
-                      "resumed_from": cursor.origin, "recut": True}
+            origin = _dealt({"settings": dict(cursor.settings), "batches": cursor.batches,
+                             "resumed_from": cursor.origin}, current)
             batches = 0
         planner.origin = None if origin is None else (cursor.epoch, origin)
         self._processes.forget()  # persistent worker processes must see the new plan
@@ -385,3 +387,13 @@ class DataLoader:
             delivery.check()
         finally:
             delivery.close()
+
+
+def _dealt(origin: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """``origin`` (an old plan's settings and cursor) to be dealt out under ``current``: the
+    old windows cut to the new size, and with the same ranks and batch size each rank's own
+    rows left (beside ranks that resume exactly: ``own_remaining``), else each rank's share
+    of them (``rank_share``)."""
+    out = {k: v for k, v in origin.items() if k not in ("own", "shares")}
+    same = all(origin["settings"][k] == current[k] for k in ("world_size", "batch_size"))
+    return {**out, "recut": True, "own" if same else "shares": True}

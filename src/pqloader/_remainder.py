@@ -49,6 +49,19 @@ def remaining(old: list[RankPlan], batches_done: int) -> list[Segment]:
     return _rows_once(delivered, left)
 
 
+def own_remaining(plan: RankPlan, batches_done: int) -> list[Segment]:
+    """What one rank of an old plan had not delivered after ``batches_done`` batches, its
+    padding included, in worker order: for a resume in the same world size and batch size,
+    where each rank deals out its own rows again. A rank that resumes exactly (its settings
+    unchanged) goes on with the same rows, so the two kinds of rank agree; the padding is the
+    old plan's, as delivered without the resume (found in review: with the rows of every rank
+    dealt anew, a rank that changed ``num_workers`` took a share shifted by the padding of
+    another, beside ranks that resumed exactly: a row lost, another repeated)."""
+    n = len(plan.workers)
+    return [segment for wp in plan.workers for segment in advance(
+        wp.segments, wp.batch_sizes[:len(range(wp.worker, batches_done, n))].total())]
+
+
 _ROW_BITS = 40  # a row's id: fragment << _ROW_BITS | row in the fragment
 
 
@@ -169,6 +182,19 @@ def recut(segments: list[Segment], window_rows: int) -> list[Segment]:
     return out
 
 
+def rank_share(segments: list[Segment], *, batch_size: int, rank: int, world_size: int,
+               drop_last: bool) -> list[Segment]:
+    """Rank ``rank``'s share of ``segments`` (every old rank's rows left), as a fresh epoch
+    deals rows to ranks, padding included: to be cut to this rank's window size and dealt to
+    its workers after. Cut first, as before, a rank of another window size (a node of other
+    cores under ``memory_budget_bytes``) took its share of another order: rows lost, others
+    repeated (found in review)."""
+    deal = deal_rows(sum(s.num_rows for s in segments), batch_size=batch_size, rank=rank,
+                     world_size=world_size, num_workers=1, drop_last=drop_last)
+    _, _, begin, end = deal.workers[0]
+    return list(_cut(segments, begin, end))
+
+
 def plan_remainder(
     segments: list[Segment],
     *,
@@ -180,15 +206,18 @@ def plan_remainder(
     first_position: int,
 ) -> RankPlan:
     """Deal the rows of ``segments`` to ranks and workers, as a fresh epoch deals row groups."""
-    sizes_ = np.asarray([s.num_rows for s in segments], dtype=np.int64)
-    deal = deal_rows(int(sizes_.sum()), batch_size=batch_size, rank=rank, world_size=world_size,
-                 num_workers=num_workers, drop_last=drop_last)
-    bounds = np.concatenate([[0], np.cumsum(sizes_)])
-    plans = []
-    for w, (positions, sizes, begin, end) in enumerate(deal.workers):
-        cut = tuple(
-            Segment(segments[i].window, segments[i].start + off, segments[i].start + off + n)
-            for _, i, off, n in walk(begin, end, bounds)
-        )
-        plans.append(WorkerPlan(w, cut, sizes, positions))
+    deal = deal_rows(sum(s.num_rows for s in segments), batch_size=batch_size, rank=rank,
+                     world_size=world_size, num_workers=num_workers, drop_last=drop_last)
+    plans = [WorkerPlan(w, _cut(segments, begin, end), sizes, positions)
+             for w, (positions, sizes, begin, end) in enumerate(deal.workers)]
     return RankPlan(deal.num_batches, tuple(plans), first_position)
+
+
+def _cut(segments: list[Segment], begin: int, end: int) -> tuple[Segment, ...]:
+    """The rows at positions ``[begin, end)`` of ``segments`` (past their total: the first
+    again, the padding)."""
+    bounds = np.concatenate([[0], np.cumsum([s.num_rows for s in segments], dtype=np.int64)])
+    return tuple(
+        Segment(segments[i].window, segments[i].start + off, segments[i].start + off + n)
+        for _, i, off, n in walk(begin, end, bounds)
+    )

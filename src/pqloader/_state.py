@@ -38,9 +38,11 @@ class Cursor:
     """``batches`` batches of ``epoch`` already yielded by every rank.
 
     ``origin``: when this epoch's plan is what an earlier plan (other settings) left, that plan's
-    settings and cursor, recursively: ``{"settings", "batches", "resumed_from", "recut"}``
-    (``recut``: the old plan's whole windows are cut to this plan's window size; absent in
-    states saved before pqloader did so, which resume as they were planned then).
+    settings and cursor, recursively: ``{"settings", "batches", "resumed_from", "recut",
+    "own" | "shares"}`` (``recut``: the old plan's whole windows are cut to this plan's window
+    size; ``own``: each rank dealt out its own rows left; ``shares``: its share of every
+    rank's, cut to its windows after; each absent in states saved before pqloader did so,
+    which resume as they were planned then).
     """
 
     epoch: int

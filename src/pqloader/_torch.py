@@ -19,7 +19,7 @@ from ._memory import MemoryBudget
 from ._pack import compact
 from ._pipeline import Stages, finish, raw_batches, worker_batches
 from ._plan import RankPlan, num_batches, plan_epoch
-from ._remainder import plan_remainder, recut, remaining
+from ._remainder import own_remaining, plan_remainder, rank_share, recut, remaining
 from ._shared import SharedStream
 from ._state import fingerprint
 from ._world import check_world, resolve_world
@@ -62,12 +62,12 @@ class Planner:
         if config.collate_fn is None:
             check_nulls(dataset)
         self.window_rows = config.window_rows(d.num_rows, d.byte_size, streams)
+        memory = None
+        if config.memory_budget_bytes is not None:  # refused first: no warning of a window
+            memory = MemoryBudget(config.memory_budget_bytes)  # never used (found in review)
+            check_room(dataset, config, streams)
         if config.shuffle and config.shuffle_window_rows is None:
             warn_unmixed(dataset, config, self.window_rows)
-        memory = None
-        if config.memory_budget_bytes is not None:
-            memory = MemoryBudget(config.memory_budget_bytes)
-            check_room(dataset, config, streams)
         self.stages = Stages(dataset.reader, kinds, config.seed, config.transform,
                              config.collate_fn, audit, memory, timeout_s, self.window_rows)
         self.fingerprint = fingerprint(d)
@@ -194,13 +194,23 @@ class Planner:
                 f"the state's resumed_from.batches={origin['batches']} (at some depth of the "
                 f"chain) is past its plan's {old[0].num_batches} batches per rank; the state is "
                 "damaged")
-        left = remaining(old, origin["batches"])
+        # This rank's rows, then cut to its window size, then dealt to its workers; the rows
+        # stay those that every other rank leaves it, whatever their own windows or workers.
+        # A state saved before (neither key): all three at once, the plan it was made with.
+        if origin.get("own"):  # the same ranks: each deals out its own rows left
+            left, at, world = own_remaining(old[rank], origin["batches"]), 0, 1
+        elif origin.get("shares"):
+            left, at, world = rank_share(
+                remaining(old, origin["batches"]), batch_size=settings["batch_size"],
+                rank=rank, world_size=settings["world_size"], drop_last=settings["drop_last"],
+            ), 0, 1
+        else:
+            left, at, world = remaining(old, origin["batches"]), rank, settings["world_size"]
         if origin.get("recut"):  # (states saved before it was: the old windows, as then)
             left = recut(left, settings["shuffle_window_rows"])
         return plan_remainder(
-            left, batch_size=settings["batch_size"], rank=rank,
-            world_size=settings["world_size"], num_workers=settings["num_workers"],
-            drop_last=settings["drop_last"],
+            left, batch_size=settings["batch_size"], rank=at, world_size=world,
+            num_workers=settings["num_workers"], drop_last=settings["drop_last"],
             first_position=old[0].first_position + origin["batches"],
         )
 

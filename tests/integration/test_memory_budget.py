@@ -121,6 +121,17 @@ def test_a_budget_below_one_row_group_per_window_is_refused(
         pqloader.DataLoader(big, batch_size=64, num_workers=2, memory_budget_bytes=40 * MIB)
 
 
+def test_a_budget_refused_warns_of_no_window(big: pqloader.ParquetDataset) -> None:
+    """Refused shuffled, it first warned of the small shuffle window the budget would leave,
+    a window never used (found in review)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(pqloader.InvalidArgumentError, match="memory_budget_bytes="):
+            pqloader.DataLoader(big, batch_size=64, shuffle=True, num_workers=2,
+                                memory_budget_bytes=40 * MIB)
+    assert [str(w.message) for w in caught] == []
+
+
 @pytest.mark.parametrize("name", ["shuffle_window_rows", "batch_size"])
 def test_a_window_or_batch_larger_than_the_budget_is_refused(big: pqloader.ParquetDataset,
                                                             name: str) -> None:

@@ -241,19 +241,21 @@ def _take(loader: pqloader.DataLoader, count: int | None = None) -> list[list[in
     windows=st.tuples(st.integers(1, 300), st.integers(1, 300)),  # old, new
     stop_frac=st.floats(0, 1),
     ramp=RAMPS,
+    mixed=st.booleans(),  # new rank 0 keeps the old workers and window (resumes exactly)
 )
 def test_elastic_resume_delivers_the_rest_exactly_once(
     datasets: dict[str, pqloader.ParquetDataset], layout: str, old: tuple[int, int, int],
     new: tuple[int, int, int], shuffle: bool, drop_last: bool, windows: tuple[int, int],
-    stop_frac: float, ramp: int,
+    stop_frac: float, ramp: int, mixed: bool,
 ) -> None:
     with mock.patch.object(_plan, "FIRST_WINDOW_SLICES", ramp):
-        _elastic_resume(datasets[layout], old, new, shuffle, drop_last, windows, stop_frac)
+        _elastic_resume(datasets[layout], old, new, shuffle, drop_last, windows, stop_frac,
+                        mixed)
 
 
 def _elastic_resume(ds: pqloader.ParquetDataset, old: tuple[int, int, int],
                     new: tuple[int, int, int], shuffle: bool, drop_last: bool,
-                    windows: tuple[int, int], stop_frac: float) -> None:
+                    windows: tuple[int, int], stop_frac: float, mixed: bool = False) -> None:
     total = len(ds)
 
     def make(batch_size: int, workers: int, ranks: int, rank: int,
@@ -262,11 +264,16 @@ def _elastic_resume(ds: pqloader.ParquetDataset, old: tuple[int, int, int],
                                    shuffle=shuffle, drop_last=drop_last, seed=7,
                                    shuffle_window_rows=window, rank=rank, world_size=ranks)
 
+    def make_new(rank: int) -> pqloader.DataLoader:
+        if mixed and rank == 0:  # beside ranks that changed workers or window
+            return make(new[0], old[1], new[2], rank, window=windows[0])
+        return make(*new, rank)
+
     first = [make(*old, r, window=windows[0]) for r in range(old[2])]
     stop = round(stop_frac * len(first[0]))
     before = [i for loader in first for b in _take(loader, stop) for i in b] if stop else []
     state = json.loads(json.dumps(first[0].state_dict()))  # rank 0's state restores all
-    second = [make(*new, r) for r in range(new[2])]
+    second = [make_new(r) for r in range(new[2])]
     for loader in second:
         loader.load_state_dict(state)
     after_per_rank = [_take(loader) for loader in second]
@@ -274,28 +281,54 @@ def _elastic_resume(ds: pqloader.ParquetDataset, old: tuple[int, int, int],
     after = [i for batches in after_per_rank for b in batches for i in b]
     # a state saved during the resumed pass resumes it exactly (its plan, windows cut to the
     # new size, is remade the same)
-    twin = make(*new, 0)
+    twin = make_new(0)
     twin.load_state_dict(state)
     mid = _take(twin, len(after_per_rank[0]) // 2)
-    third = make(*new, 0)
+    third = make_new(0)
     third.load_state_dict(json.loads(json.dumps(twin.state_dict())))
     assert mid + _take(third) == after_per_rank[0]
 
-    # The same plan resumes exactly: its padding (up to ranks - 1 rows) comes where it would
-    # have. Another deals out what the old ranks left, each row once (the old padding was
-    # dealt out again too, up to old ranks - 1 rows more), and pads for the new world only.
-    exact = (old[0], max(1, old[1]), old[2], windows[0]) == \
-        (new[0], max(1, new[1]), new[2], windows[1])
+    # The same ranks and batch size (whether a rank resumes exactly or deals out its own rows
+    # left to other workers or windows): the old padding (up to ranks - 1 rows) comes as it
+    # would have. Another world deals out what the old ranks left, each row once (the old
+    # padding was dealt out again too, up to old ranks - 1 rows more), and pads for itself.
+    same_ranks = (old[0], old[2]) == (new[0], new[2])
     pad_old, pad_new = (0, 0) if drop_last else (old[2] - 1, new[2] - 1)
-    assert len(set(before) & set(after)) <= (pad_old if exact else 0)
+    assert len(set(before) & set(after)) <= (pad_old if same_ranks else 0)
     assert len(after) - len(set(after)) <= pad_new
     seen = before + after
-    assert len(seen) - len(set(seen)) <= (pad_old if exact else pad_old + pad_new)
+    assert len(seen) - len(set(seen)) <= (pad_old if same_ranks else pad_old + pad_new)
     if drop_last:
         # each rank drops under one batch, each world under one row per rank
         assert total - len(set(seen)) < old[2] * (old[0] + 1) + new[2] * (new[0] + 1)
     else:
         assert set(seen) == set(range(total)), "every row delivered"
+
+
+@pytest.mark.parametrize("windows", [(50, 80), (1000, 1000)])
+@pytest.mark.parametrize("new_workers", [0, 1, 3])
+def test_ranks_resuming_exactly_beside_ranks_that_changed_settings_deliver_every_row(
+    datasets: dict[str, pqloader.ParquetDataset], new_workers: int, windows: tuple[int, int],
+) -> None:
+    """Rank 0's state restores every rank; rank 0 keeps its settings (an exact resume), the
+    others change their workers or window (found in review: those dealt out every rank's rows
+    left, their share shifted by the old padding: a row lost, another repeated)."""
+    for stop in (0.3, 0.5, 0.8):
+        _elastic_resume(datasets["small"], (7, 2, 3), (7, new_workers, 3), True, False,
+                        windows, stop, mixed=True)
+
+
+@pytest.mark.parametrize("windows", [(259, 152), (50, 20)])
+@pytest.mark.parametrize("old,new", [((3, 0, 1), (3, 2, 4)), ((7, 2, 2), (5, 1, 3))])
+def test_ranks_of_other_windows_in_another_world_deliver_every_row(
+    datasets: dict[str, pqloader.ParquetDataset], old: tuple[int, int, int],
+    new: tuple[int, int, int], windows: tuple[int, int],
+) -> None:
+    """Another world size: rank 0 with another window than the other ranks (``"auto"`` under
+    a memory budget, on a node of other cores). Each rank cut every rank's rows left to its
+    own window size before taking its share: shares of different orders (found in review)."""
+    for stop in (0.3, 0.6):
+        _elastic_resume(datasets["medium"], old, new, True, False, windows, stop, mixed=True)
 
 
 def test_an_elastic_state_resumes_exactly_and_elastically_again(make_dataset: Any) -> None:
