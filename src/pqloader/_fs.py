@@ -223,16 +223,23 @@ class Store:
         return _object_info(info), str(mimetype).partition(";")[0] if mimetype else None
 
     def find(self, path: str) -> list[ObjectInfo]:
-        """Every object below ``path`` (recursively), or ``path`` itself if it is an object."""
+        """Every object below ``path`` (recursively), or ``path`` itself if it is an object;
+        folder markers left out (:func:`_no_markers`)."""
         found = self._call(lambda: self.fs.find(path, detail=True, withdirs=False), path,
                            timeout_s=self.retry.list_timeout_s)
-        return sorted((_object_info(i) for i in found.values()), key=lambda o: o.path)
+        objects = _no_markers([_object_info(i) for i in found.values()], path)
+        return sorted(objects, key=lambda o: o.path)
 
     def glob(self, pattern: str) -> list[ObjectInfo]:
+        """The objects ``pattern`` matches, and those below the folders it matches (Spark's
+        ``out/b.parquet/`` is a folder of files: its rows were left out, found in review)."""
         found = self._call(lambda: self.fs.glob(pattern, detail=True), pattern,
                            timeout_s=self.retry.list_timeout_s)
-        return sorted((_object_info(i) for i in found.values() if i.get("type") != "directory"),
-                      key=lambda o: o.path)
+        objects = {o.path: o for o in _no_markers(
+            [_object_info(i) for i in found.values() if i.get("type") != "directory"])}
+        for name in sorted(n for n, i in found.items() if i.get("type") == "directory"):
+            objects.update((o.path, o) for o in self.find(name))  # "**" matched them too
+        return sorted(objects.values(), key=lambda o: o.path)
 
     def isdir(self, path: str) -> bool:
         return bool(self._call(lambda: self.fs.isdir(path), path))
@@ -345,6 +352,18 @@ def _hint(protocol: str) -> str:
 _VERSION_KEYS = ("ETag", "etag", "generation", "version_id", "VersionId", "md5Hash",
                  "Content-MD5", "Digest", "mtime", "LastModified", "last_modified",
                  "Last-Modified", "created")
+
+
+def _no_markers(objects: list[ObjectInfo], root: str = "") -> list[ObjectInfo]:
+    """``objects`` less the empty objects that stand for folders: S3's ``x/`` (the console's
+    "Create folder"; s3fs lists it as ``x``) and Hadoop's ``x_$folder$``. A dataset with one
+    failed to open: "0 bytes is too short for a Parquet file" of a folder (found in review)."""
+    folders = {root.rstrip("/")}
+    for o in objects:
+        parts = o.path.split("/")
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    return [o for o in objects if not o.path.endswith("_$folder$") and not (
+        o.size == 0 and (o.path.endswith("/") or o.path.rstrip("/") in folders))]
 
 
 def _object_info(info: dict[str, Any]) -> ObjectInfo:

@@ -43,7 +43,21 @@ def _walk(root: Path) -> list[Path]:
             raise incomplete_error(dirpath)
         dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
         found.extend(Path(dirpath) / f for f in sorted(filenames) if not is_hidden(f))
-    return found
+    return _each_once(found)
+
+
+def _each_once(files: list[Path]) -> list[Path]:
+    """``files`` less those that are another's link (or the same file by another path): its
+    rows came twice an epoch, as a folder's two links to one folder do not (found in
+    review). Read once, as that folder is; a list naming a file twice is refused."""
+    seen: set[str] = set()
+    out = []
+    for path in files:
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            out.append(path)
+    return out
 
 
 def _once(items: list[T], key: Callable[[T], str]) -> list[T]:
@@ -68,12 +82,16 @@ def _glob(pattern: str) -> list[Path]:
     out = []
     for match in sorted(glob.glob(pattern, recursive=True)):
         below = match[fixed:].split(os.sep)
-        if os.path.isfile(match) and not any(is_hidden(part) for part in below if part):
+        if any(is_hidden(part) for part in below if part):
+            continue
+        if os.path.isfile(match):
             out.append(Path(match))
+        elif os.path.isdir(match):  # Spark's "out/b.parquet/" is a folder of files (its rows
+            out.extend(_walk(Path(match)))  # were left out: found in review)
     for folder in sorted({p.parent for p in out}):  # files of a write_dataset not finished
         if (folder / INCOMPLETE).exists():
             raise incomplete_error(str(folder))
-    return out
+    return _each_once(out)  # also: "**" matches a folder and the files in it
 
 
 def expand_source(source: object) -> tuple[list[Path], Path | None]:

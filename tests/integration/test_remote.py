@@ -197,6 +197,29 @@ def test_s3_globs_skip_hidden_folders_and_names_with_brackets_are_read_as_named(
         assert np.array_equal(_glob_ids(ds), np.arange(1000, 1100)), source
 
 
+def test_s3_folder_markers_are_no_data_and_a_glob_reads_folders_it_matches(
+        moto_s3: object, tmp_path: Path) -> None:
+    """The S3 console's "Create folder" leaves an empty ``x/`` object (s3fs lists it as ``x``),
+    Hadoop an ``x_$folder$``: a dataset with one failed to open ("0 bytes is too short"), and
+    a glob matching Spark's ``out/b.parquet/`` folder left its rows out (found in review)."""
+    root = tmp_path / "root"
+    for name, first in (("train/part=0/a", 0), ("train/part=1/b", 100), ("out/c", 200),
+                        ("out/d.parquet/part-0", 300)):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"id": np.arange(first, first + 100)}), root / f"{name}.parquet")
+    url = moto_s3.upload_dir(root)  # type: ignore[attr-defined]
+    options = moto_s3.storage_options  # type: ignore[attr-defined]
+    bucket = url.removeprefix("s3://").split("/")[0]
+    for key in ("train/", "train/part=0/", "train/part=1_$folder$", "out/d.parquet/"):
+        moto_s3.client().put_object(Bucket=bucket, Key=key, Body=b"")  # type: ignore[attr-defined]
+    for source in ("train", "train/"):
+        ds = pqloader.ParquetDataset(url + source, storage_options=options)
+        assert np.array_equal(_glob_ids(ds), np.arange(200)), source
+    ds = pqloader.ParquetDataset(url + "out/*.parquet", storage_options=options)
+    assert np.array_equal(_glob_ids(ds), np.arange(200, 400))
+    assert len(pqloader.ParquetDataset(url + "out/**", storage_options=options)) == 200
+
+
 def test_http_one_file_under_two_urls_is_refused(
         http_server: Callable[[Path], str], tmp_path: Path) -> None:
     """``/./a.parquet`` or ``//a.parquet`` (servers resolve them), or two signatures of one

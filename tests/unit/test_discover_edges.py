@@ -37,6 +37,32 @@ def test_folders_that_are_links_are_read_once(tmp_path: Path) -> None:
     assert _ids(pqloader.ParquetDataset(root)) == [0, 1, 2, 3, 4]
 
 
+def test_files_that_are_links_to_one_file_are_read_once(tmp_path: Path) -> None:
+    """As two links to one folder are (their rows came twice an epoch: found in review); a
+    list naming one file twice stays refused."""
+    root = tmp_path / "ds"
+    _write(root / "a.parquet", id=[1, 2])
+    os.symlink(root / "a.parquet", root / "b.parquet")
+    _write(tmp_path / "runs" / "c.parquet", id=[3])
+    os.symlink(tmp_path / "runs" / "c.parquet", root / "c.parquet")
+    os.symlink(tmp_path / "runs" / "c.parquet", root / "d.parquet")
+    for source in (root, f"{root}/*.parquet", f"{root}/**"):
+        assert _ids(pqloader.ParquetDataset(source)) == [1, 2, 3], source
+    with pytest.raises(pqloader.InvalidArgumentError, match="twice"):
+        pqloader.ParquetDataset([root / "a.parquet", root / "b.parquet"])
+
+
+def test_a_glob_reads_the_folders_it_matches(tmp_path: Path) -> None:
+    """Spark's ``df.write.parquet("out/b.parquet")`` makes a folder: a glob matching it left
+    its rows out, silently (found in review); hidden names in it stay skipped."""
+    _write(tmp_path / "out" / "a.parquet", id=[1, 2])
+    _write(tmp_path / "out" / "b.parquet" / "part-0.parquet", id=[3, 4, 5])
+    (tmp_path / "out" / "b.parquet" / "_SUCCESS").write_text("")
+    _write(tmp_path / "out" / "b.parquet" / "_temporary" / "0" / "part-0.parquet", id=[3])
+    assert _ids(pqloader.ParquetDataset(f"{tmp_path}/out/*.parquet")) == [1, 2, 3, 4, 5]
+    assert _ids(pqloader.ParquetDataset(f"{tmp_path}/out/**")) == [1, 2, 3, 4, 5]
+
+
 def test_a_folder_named_with_brackets_is_a_folder_not_a_glob(tmp_path: Path) -> None:
     _write(tmp_path / "exp[1]" / "a.parquet", id=[7, 8])
     assert len(pqloader.ParquetDataset(tmp_path / "exp[1]")) == 2
