@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import random
 import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,13 +30,16 @@ from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
 from ._iostats import IOStats
 from ._ranges import Range, coalesce, cut
 from ._retry import (
+    Abandoned,
     Limiter,
     RangeIgnored,
     RetryPolicy,
     ShortRead,
     chain,
     classify,
+    pause,
     status_of,
+    stopped,
     with_timeout,
 )
 from ._signed import is_signed
@@ -264,31 +266,43 @@ class Store:
             return {}
         pieces = coalesce(ranges, self.retry.hole_bytes, self.retry.part_bytes)
         pool = self._executor()
-        futures = {p: pool.submit(self._get, path, p, version) for p in pieces}
-        fetched = {p: f.result() for p, f in futures.items()}
+        cancel = threading.Event()  # set when this caller stops waiting: the rest stop too
+        futures = {p: pool.submit(self._get, path, p, version, cancel) for p in pieces}
+        try:
+            fetched = {p: f.result() for p, f in futures.items()}
+        except BaseException:  # a piece's error, Ctrl-C: no retries left running for nothing
+            cancel.set()
+            for future in futures.values():
+                future.cancel()
+            raise
         return {r: cut(fetched, r) for r in ranges}
 
     def read(self, path: str, offset: int, length: int) -> bytes:
         return self.read_ranges(path, [(offset, length)])[(offset, length)]
 
-    def _get(self, path: str, piece: Range, version: str | None = None) -> bytes:
+    def _get(self, path: str, piece: Range, version: str | None = None,
+             cancel: threading.Event | None = None) -> bytes:
         off, n = piece
         fs = self.fs
         get = if_match(fs, path, off, off + n, version) or (
             lambda: fs.cat_file(path, start=off, end=off + n))
-        data: bytes = self._call(get, path, expect=n, count=True)
+        data: bytes = self._call(get, path, expect=n, count=True, cancel=cancel)
         return data
 
     def _call(self, fn: Callable[[], Any], path: str, *, expect: int | None = None,
-              count: bool = False, timeout_s: float | None = None) -> Any:
+              count: bool = False, timeout_s: float | None = None,
+              cancel: threading.Event | None = None) -> Any:
         """``fn()`` with retries, backoff, the concurrency limit and a per-request timeout
-        (``timeout_s``: the policy's per request, unless given)."""
+        (``timeout_s``: the policy's per request, unless given); given up at once
+        (:class:`Abandoned`) when ``cancel`` is set or the interpreter exits."""
         policy = self.retry
         for attempt in range(policy.attempts):
             try:
+                if stopped(cancel):
+                    raise Abandoned("the reads' caller is gone")
                 with self.limiter:
                     data = with_timeout(fn, policy.timeout_s if timeout_s is None
-                                        else timeout_s)
+                                        else timeout_s, cancel)
                 if expect is not None and len(data) < expect:
                     raise ShortRead(f"short read: {len(data)} of {expect} bytes")
                 if expect is not None and len(data) > expect:
@@ -296,6 +310,8 @@ class Store:
                         f"asked for {expect} bytes, got {len(data)}: the server ignores "
                         "HTTP Range requests and sends the whole object; serve the files "
                         "from a server that honours Range (nginx, S3, GCS and Azure do)")
+            except Abandoned:
+                raise
             except Exception as exc:  # not BaseException: Ctrl-C stops, it is no IO error
                 kind = "transient" if isinstance(exc, FutureTimeout) else classify(exc)
                 if kind == "fatal" or attempt + 1 == policy.attempts:
@@ -309,7 +325,7 @@ class Store:
                 self.stats.add(retries=1, throttled=int(kind == "throttled"),
                                timeouts=int(isinstance(exc, FutureTimeout)))
                 cap = min(policy.max_delay_s, policy.base_delay_s * 2**attempt)
-                time.sleep(random.uniform(0, cap))
+                pause(random.uniform(0, cap), cancel)
                 continue
             self.limiter.succeeded()
             if count:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import re
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -175,9 +176,41 @@ class Limiter:
             self._ok = 0
 
 
-def with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
-    """``fn()`` on a helper thread, abandoned (and retried by the caller) after the timeout."""
-    if timeout_s <= 0:
+class Abandoned(Exception):
+    """The reads' caller is gone (an error or Ctrl-C there) or the interpreter is exiting: a
+    request left to run on is no longer waited for, nor retried."""
+
+
+# Set as the interpreter exits, before it joins the IO pools' threads (threading's exit hooks
+# run last registered first, so this one before concurrent.futures' join): a read retried
+# through a stalled store kept the process from exiting for attempts x timeout (found in
+# review: 20 s after Ctrl-C with a 4 x 5 s policy; ~10 minutes by default).
+EXITING = threading.Event()
+if hasattr(threading, "_register_atexit"):  # CPython 3.9+: what concurrent.futures uses
+    threading._register_atexit(EXITING.set)
+
+
+def stopped(cancel: threading.Event | None) -> bool:
+    return EXITING.is_set() or (cancel is not None and cancel.is_set())
+
+
+def pause(seconds: float, cancel: threading.Event | None) -> None:
+    """Sleep ``seconds``, or less once :func:`stopped` (then :class:`Abandoned`)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if stopped(cancel):
+            raise Abandoned("the reads' caller is gone")
+        time.sleep(min(_POLL_S, left))
+
+
+_POLL_S = 0.1  # how soon a request waited on notices that its caller is gone
+
+
+def with_timeout(fn: Callable[[], Any], timeout_s: float,
+                 cancel: threading.Event | None = None) -> Any:
+    """``fn()`` on a helper thread, abandoned (and retried by the caller) after the timeout,
+    or at once (:class:`Abandoned`) once :func:`stopped`."""
+    if timeout_s <= 0 and cancel is None:
         return fn()
     result: list[Any] = []
     error: list[BaseException] = []
@@ -190,7 +223,11 @@ def with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
 
     thread = threading.Thread(target=run, daemon=True, name="pqloader-request")
     thread.start()
-    thread.join(timeout_s)
+    deadline = time.monotonic() + timeout_s if timeout_s > 0 else float("inf")
+    while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+        if stopped(cancel):
+            raise Abandoned("the reads' caller is gone")
+        thread.join(min(_POLL_S, left))
     if thread.is_alive():
         raise FutureTimeout(f"no answer in {timeout_s:g} s")
     if error:

@@ -231,9 +231,11 @@ def test_a_listing_may_take_longer_than_one_request(tmp_path: Path) -> None:
     assert fs.calls == 1  # not abandoned after one request's timeout
 
 
-def _serve_cutting(root: Path, cuts: int) -> tuple[Any, str]:
+def _serve_cutting(root: Path, cuts: int,
+                   stall: threading.Event | None = None) -> tuple[Any, str]:
     """An HTTP server of ``root`` with Range, whose first ``cuts`` ranged GETs send half their
-    body and close: the connection dropped mid-transfer, as a proxy or a throttled link does."""
+    body and close: the connection dropped mid-transfer, as a proxy or a throttled link does.
+    Once ``stall`` is set, a ranged GET is never answered."""
     import re
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -262,6 +264,9 @@ def _serve_cutting(root: Path, cuts: int) -> tuple[Any, str]:
             self.send_header("Accept-Ranges", "bytes")
             self.end_headers()
             if head:
+                return
+            if match and stall is not None and stall.is_set():
+                threading.Event().wait(300)  # a store that stopped answering
                 return
             if match and left[0] > 0:
                 left[0] -= 1
@@ -295,6 +300,53 @@ def test_a_body_cut_short_mid_transfer_is_retried(tmp_path: Path) -> None:
         assert sorted(ids.tolist()) == list(range(1000))
         assert ds.io_stats()["retries"] >= 1
     finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("num_workers", ["0", "2"])
+def test_ctrl_c_while_reads_stall_exits_at_once(tmp_path: Path, num_workers: str) -> None:
+    """The IO pool's threads went on retrying the stalled reads, and the interpreter waits
+    for them at exit: attempts x timeout (found in review: 20 s for 4 x 5 s; ~10 minutes
+    with the default policy)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("aiohttp")
+    pq.write_table(pa.table({"id": np.arange(200_000)}), tmp_path / "a.parquet",
+                   row_group_size=50_000)  # row groups past the footer's 64 KiB tail
+    stall = threading.Event()
+    server, base = _serve_cutting(tmp_path, cuts=0, stall=stall)
+    script = tmp_path / "read.py"
+    script.write_text(
+        "import sys, pqloader\n"
+        "retry = pqloader.RetryPolicy(timeout_s=5, attempts=4)\n"
+        "ds = pqloader.ParquetDataset(sys.argv[1], retry=retry)\n"
+        "print('opened', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "print('reading', flush=True)\n"
+        "for _ in pqloader.DataLoader(ds, batch_size=100, num_workers=int(sys.argv[2])):\n"
+        "    pass\n")
+    child = subprocess.Popen([sys.executable, str(script), f"{base}/a.parquet", num_workers],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == "opened\n"
+        stall.set()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "reading\n"
+        time.sleep(1.5)  # the reads under way, stalled
+        began = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=120)
+        assert "KeyboardInterrupt" in err, err
+        assert time.monotonic() - began < 10  # not 4 attempts x 5 s
+    finally:
+        child.kill()
         server.shutdown()
         server.server_close()
 
