@@ -44,6 +44,7 @@ __all__ = ["Buffer", "Cache", "CacheEntry", "CorruptCacheEntry"]
 # chunk, read into Python bytes. v2: one entry per coalesced row-group range, memory-mapped.
 _LAYOUT = "v2"
 _EVICT_TO = 0.9  # eviction frees down to this share of max_bytes
+_CLEAR_TEMPORARIES_S = 60  # clear() deletes temporary files older than this
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Cache:
                 max_bytes, numbers.Real) or not 1 <= max_bytes < 2**63):  # nor nan, nor inf
             raise InvalidArgumentError(f"Cache max_bytes must be a number of bytes >= 1 (e.g. "
                                        f"50e9), or None for no limit; got {max_bytes!r}")
-        self.directory = Path(directory)
+        self.directory = Path(directory).expanduser()  # not a folder named "~" (review)
         self.max_bytes = None if max_bytes is None else int(max_bytes)
         self._root = self.directory / _LAYOUT
         self._reset()
@@ -154,9 +155,11 @@ class Cache:
             with open(tmp, "wb") as f:
                 written = write(f, url, version, offset, length, pieces)
             os.replace(tmp, path)
-        except OSError as exc:
+        except BaseException as exc:  # Ctrl-C too: its temporary file was left, uncounted
             with contextlib.suppress(OSError):
                 tmp.unlink()
+            if not isinstance(exc, OSError):
+                raise
             if not self._warned:
                 self._warned = True
                 warnings.warn(f"pqloader cache {self.directory} cannot be written ({exc}); "
@@ -251,15 +254,16 @@ class Cache:
                         os.unlink(path)
                         used -= size
                         freed += size
-                self._sweep_temporaries()
+                self._sweep_temporaries(3600 if target else _CLEAR_TEMPORARIES_S)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         with self._lock:
             self._used = used
         return freed
 
-    def _sweep_temporaries(self, older_than_s: float = 3600) -> None:
-        """Temporary files left by writers that died mid-write."""
+    def _sweep_temporaries(self, older_than_s: float) -> None:
+        """Temporary files left by writers that died mid-write (a live one writes an entry
+        in seconds; ``clear`` left them all, uncounted: found in review)."""
         cutoff = time.time() - older_than_s
         for sub in os.scandir(self._root):
             if not sub.is_dir(follow_symlinks=False):

@@ -42,7 +42,7 @@ from ._retry import (
     stopped,
     with_timeout,
 )
-from ._signed import is_signed
+from ._signed import has_secret, is_signed
 
 # Extras that provide each protocol, for the install hint when one is missing.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
@@ -317,7 +317,7 @@ class Store:
                 if kind == "fatal" or attempt + 1 == policy.attempts:
                     url = self.url(path)
                     error = _remote_error(url, exc, attempt + 1, kind)
-                    if is_signed(url):  # the cause's text holds the signature: its
+                    if has_secret(url):  # the cause's text holds the secret: its
                         raise error from None  # gist is in the (redacted) message already
                     raise error from exc
                 if kind == "throttled":
@@ -336,16 +336,22 @@ class Store:
 
 
 def _remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exception:
-    if status_of(exc) == 412:  # If-Match: another version than the dataset opened
+    status = status_of(exc)
+    if status == 412:  # If-Match: another version than the dataset opened
         return RemoteIOError(
             f"{url}: the object was replaced since the dataset was opened (the server has "
             "another version: 412 Precondition Failed); open the dataset again")
-    if isinstance(exc, FileNotFoundError) and kind == "fatal":  # not a 503 in disguise
+    # fsspec's HTTP filesystem raises a 403 as FileNotFoundError, and a 403 mid-read as
+    # aiohttp's own error: told "no such object", never that a signed URL may have expired
+    # (found in review)
+    if isinstance(exc, FileNotFoundError) and kind == "fatal" and status not in (401, 403):
         return DatasetNotFoundError(f"{url}: no such object ({exc})")
-    if isinstance(exc, PermissionError) and kind == "fatal":
+    if (isinstance(exc, PermissionError) or status in (401, 403)) and kind == "fatal":
         expired = "; a signed URL may have expired: sign it again" if is_signed(url) else ""
         said = next((str(e) for e in chain(exc) if str(e) not in ("", "None")),
                     type(exc).__name__)  # s3fs's PermissionError says "None", its cause why
+        if not isinstance(exc, PermissionError):  # fsspec's HTTP errors: the URL, again
+            said = f"HTTP {status}"
         return RemoteIOError(f"{url}: access denied ({said}); check the credentials in "
                              f"storage_options{expired}")
     if kind == "fatal":

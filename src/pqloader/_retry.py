@@ -63,6 +63,12 @@ class RetryPolicy:
         for name in ("attempts", "max_concurrency", "part_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(f"RetryPolicy {name} must be >= 1")
+        for name in ("base_delay_s", "max_delay_s", "timeout_s", "list_timeout_s",
+                     "hole_bytes"):  # a negative delay failed in time.sleep at the first retry
+            value = getattr(self, name)
+            if not value >= 0:  # nor nan
+                raise InvalidArgumentError(f"RetryPolicy {name} must be >= 0, got {value!r} "
+                                           "(0: no timeout, no delay, no hole filled)")
 
 
 def classify(exc: BaseException) -> str:

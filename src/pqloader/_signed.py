@@ -28,13 +28,25 @@ _SIGNED_BY: dict[str, set[str]] = {
 _SECRETS = ("x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature",
             "x-goog-credential", "signature", "sig", "awsaccesskeyid", "googleaccessid")
 _NAMES = "|".join(map(re.escape, _SECRETS))
-_SECRET = re.compile(rf"([?&](?:{_NAMES})=)[^&\s'\"<>#]+", re.IGNORECASE)
+# a value ends where a URL's query would not go on in a message: "...&sig=abc): ..." (base64
+# and hex signatures hold none of these; a ":" after one was taken too: found in review)
+_SECRET = re.compile(rf"([?&](?:{_NAMES})=)[^&\s'\"<>#:;,()]+", re.IGNORECASE)
+# ``scheme://user:password@host``: a credential too (HTTP basic auth), printed and cached as
+# part of the URL (found in review)
+_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@?#]+@", re.IGNORECASE)
 
 
 def unsigned(url: str) -> str:
-    """``url`` without the parameters of its signature, if it is signed; else as it is (a
-    local path too: ``x?sig=1.parquet`` is a file's name)."""
-    if "?" not in url or "://" not in url:
+    """``url`` without the parameters of its signature, if it is signed, nor a user and
+    password before its host; else as it is (a local path too: ``x?sig=1.parquet`` is a
+    file's name)."""
+    if "://" not in url:
+        return url
+    return _without_signature(_USERINFO.sub(r"\1", url, count=1))
+
+
+def _without_signature(url: str) -> str:
+    if "?" not in url:
         return url
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
@@ -47,10 +59,18 @@ def unsigned(url: str) -> str:
 
 
 def is_signed(url: str) -> bool:
-    """Whether ``url`` carries a signature (:func:`unsigned` drops it)."""
+    """Whether ``url`` carries a signature (that may expire)."""
+    return "://" in url and _without_signature(url) != url
+
+
+def has_secret(url: str) -> bool:
+    """Whether ``url`` carries a signature or a password (:func:`unsigned` drops them)."""
     return unsigned(url) != url
 
 
 def redact(text: str) -> str:
-    """``text`` with the secret values of any signed URL in it replaced by ``REDACTED``."""
+    """``text`` with the secret values of any signed URL in it, and any URL's user and
+    password, replaced by ``REDACTED``."""
+    if "@" in text:
+        text = _USERINFO.sub(r"\1REDACTED@", text)
     return _SECRET.sub(r"\1REDACTED", text) if "=" in text else text

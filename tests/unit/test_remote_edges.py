@@ -231,11 +231,12 @@ def test_a_listing_may_take_longer_than_one_request(tmp_path: Path) -> None:
     assert fs.calls == 1  # not abandoned after one request's timeout
 
 
-def _serve_cutting(root: Path, cuts: int,
-                   stall: threading.Event | None = None) -> tuple[Any, str]:
+def _serve_cutting(root: Path, cuts: int, stall: threading.Event | None = None,
+                   deny: threading.Event | None = None) -> tuple[Any, str]:
     """An HTTP server of ``root`` with Range, whose first ``cuts`` ranged GETs send half their
     body and close: the connection dropped mid-transfer, as a proxy or a throttled link does.
-    Once ``stall`` is set, a ranged GET is never answered."""
+    Once ``stall`` is set, a ranged GET is never answered; once ``deny`` is, every request
+    gets 403 (a signed URL expired)."""
     import re
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -248,7 +249,12 @@ def _serve_cutting(root: Path, cuts: int,
             pass
 
         def _send(self, head: bool) -> None:
-            data = (root / self.path.lstrip("/")).read_bytes()
+            if deny is not None and deny.is_set():
+                self.send_response(403)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data = (root / self.path.partition("?")[0].lstrip("/")).read_bytes()
             match = re.match(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
             body = data
             if match and not head:
@@ -349,6 +355,91 @@ def test_ctrl_c_while_reads_stall_exits_at_once(tmp_path: Path, num_workers: str
         child.kill()
         server.shutdown()
         server.server_close()
+
+
+def test_http_403_is_access_denied_with_the_signed_url_hint_not_a_missing_object(
+        tmp_path: Path) -> None:
+    """fsspec raises an HTTP 403 as FileNotFoundError when it opens a file, and as aiohttp's
+    error mid-read: "no such object", and never the hint for an expired signed URL."""
+    pytest.importorskip("aiohttp")
+    pq.write_table(pa.table({"id": np.arange(100_000)}), tmp_path / "a.parquet",
+                   row_group_size=25_000)
+    deny = threading.Event()
+    server, base = _serve_cutting(tmp_path, cuts=0, deny=deny)
+    signed = f"{base}/a.parquet?X-Amz-Signature=abc123&X-Amz-Credential=AKIA"
+    try:
+        ds = pqloader.ParquetDataset([signed])
+        deny.set()  # expired after the open: mid-read
+        with pytest.raises(pqloader.RemoteIOError, match=r"Credential=REDACTED: access denied "
+                           r"\(HTTP 403\).*a signed URL may have expired") as read:
+            list(pqloader.DataLoader(ds, batch_size=1000))
+        with pytest.raises(pqloader.RemoteIOError, match=r"access denied .*may have expired"):
+            pqloader.ParquetDataset([signed])  # at the open
+        assert "abc123" not in str(read.value) and "AKIA" not in str(read.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_user_and_password_in_a_url_are_secrets(tmp_path: Path) -> None:
+    """Kept in cache entries (readable by all on a shared disk) and printed in errors."""
+    from pqloader._signed import has_secret, is_signed, redact, unsigned
+
+    url = "https://alice:TOPSECRET@host.example/data/a.parquet?v=1"
+    assert unsigned(url) == "https://host.example/data/a.parquet?v=1"
+    assert redact(f"failed: {url}") == "failed: https://REDACTED@host.example/data/a.parquet?v=1"
+    assert has_secret(url) and not is_signed(url)
+    assert unsigned("s3://bucket/user@example.com/a.parquet").endswith("user@example.com/a.parquet")
+    cache = Cache(tmp_path)
+    cache.put(url, "v1", 0, 3, b"abc")
+    assert [e.url for e in cache.entries()] == ["https://host.example/data/a.parquet?v=1"]
+    assert all(b"TOPSECRET" not in p.read_bytes() for p in tmp_path.rglob("*.pqc"))
+
+
+def test_a_signature_redacted_leaves_the_message_around_it() -> None:
+    from pqloader._signed import redact
+
+    assert redact("(https://h/a?sig=abc%2Bdef): gone") == "(https://h/a?sig=REDACTED): gone"
+
+
+def test_a_cache_folder_under_the_home_folder(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert Cache("~/pqcache").directory == tmp_path / "pqcache"  # not a folder named "~"
+
+
+@pytest.mark.parametrize("name", ["base_delay_s", "max_delay_s", "timeout_s", "list_timeout_s",
+                                  "hole_bytes"])
+@pytest.mark.parametrize("value", [-1, float("nan")])
+def test_retry_policy_refuses_negative_delays_and_timeouts(name: str, value: float) -> None:
+    with pytest.raises(pqloader.InvalidArgumentError, match=f"RetryPolicy {name} must be >= 0"):
+        RetryPolicy(**{name: value})
+
+
+def test_an_interrupted_cache_write_leaves_no_temporary_file_and_clear_sweeps_old_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import pqloader._cache
+
+    cache = Cache(tmp_path)
+    cache.put("s3://b/k", "v1", 0, 3, b"abc")
+
+    def interrupted(f: Any, *args: Any) -> int:
+        f.write(b"partial")
+        raise KeyboardInterrupt  # Ctrl-C mid-write (it reaches worker processes too)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pqloader._cache, "write", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            cache.put("s3://b/k", "v1", 3, 3, b"def")
+    assert not list(tmp_path.rglob(".tmp-*"))
+    # a writer killed mid-write (SIGKILL) leaves one: clear deletes it once it is a minute old
+    left = next(tmp_path.rglob("*.pqc")).with_name(".tmp-999999-dead")
+    left.write_bytes(b"x" * 100)
+    os.utime(left, (time.time() - 120, time.time() - 120))
+    cache.clear()
+    assert not left.exists()
 
 
 def test_clear_waits_for_an_eviction_under_way_and_deletes_everything(tmp_path: Path) -> None:
