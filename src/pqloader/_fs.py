@@ -286,15 +286,32 @@ class Store:
         fs = self.fs
         get = if_match(fs, path, off, off + n, version) or (
             lambda: fs.cat_file(path, start=off, end=off + n))
-        data: bytes = self._call(get, path, expect=n, count=True, cancel=cancel)
+        data: bytes = self._call(get, path, expect=n, count=True, cancel=cancel,
+                                 version=version)
         return data
+
+    def _replaced(self, path: str, version: str | None) -> bool:
+        """Whether the object is now another version than ``version`` (a short read of a
+        filesystem that cannot ask for one: GCS, Azure, ``pyarrow.fs``). Its short reads were
+        retried as cut short, then told to raise the attempts (found in review)."""
+        if version is None:
+            return False
+        fs = self.fs
+        try:
+            if hasattr(fs, "invalidate_cache"):  # s3fs and gcsfs answer info() from listings
+                fs.invalidate_cache(path)
+            info = with_timeout(lambda: fs.info(path), self.retry.timeout_s)
+        except Exception:  # one look only: the read's own retries and error say the rest
+            return False
+        return _object_info(info).version != version
 
     def _call(self, fn: Callable[[], Any], path: str, *, expect: int | None = None,
               count: bool = False, timeout_s: float | None = None,
-              cancel: threading.Event | None = None) -> Any:
+              cancel: threading.Event | None = None, version: str | None = None) -> Any:
         """``fn()`` with retries, backoff, the concurrency limit and a per-request timeout
         (``timeout_s``: the policy's per request, unless given); given up at once
-        (:class:`Abandoned`) when ``cancel`` is set or the interpreter exits."""
+        (:class:`Abandoned`) when ``cancel`` is set or the interpreter exits. A read short of
+        ``expect`` bytes fails at once if the object is no longer ``version``."""
         policy = self.retry
         for attempt in range(policy.attempts):
             try:
@@ -313,6 +330,11 @@ class Store:
             except Abandoned:
                 raise
             except Exception as exc:  # not BaseException: Ctrl-C stops, it is no IO error
+                if isinstance(exc, ShortRead) and self._replaced(path, version):
+                    raise RemoteIOError(
+                        f"{self.url(path)}: the object was replaced since the dataset was "
+                        f"opened ({exc}: it is now another version); open the dataset "
+                        "again") from None
                 kind = "transient" if isinstance(exc, FutureTimeout) else classify(exc)
                 if kind == "fatal" or attempt + 1 == policy.attempts:
                     url = self.url(path)

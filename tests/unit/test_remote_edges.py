@@ -133,6 +133,24 @@ def test_an_arrow_filesystem_glob_stays_in_its_folder(tmp_path: Path) -> None:
     assert len(pqloader.ParquetDataset(f"{tmp_path}/*.parquet", filesystem=fs)) == 2
 
 
+def test_an_object_replaced_by_a_shorter_one_is_told_at_once_where_no_version_is_asked(
+        tmp_path: Path) -> None:
+    """A filesystem that reads whatever is there now (``pyarrow.fs``, GCS, Azure): the short
+    reads were retried 10 times as cut short, then told "raise RetryPolicy(attempts=...)"."""
+    def write(n: int) -> None:
+        ids = np.arange(n)
+        pq.write_table(pa.table({"id": ids}), tmp_path / "a.parquet", row_group_size=20_000,
+                       compression="none", use_dictionary=False)
+
+    write(100_000)
+    ds = pqloader.ParquetDataset(f"{tmp_path}/a.parquet", filesystem=pafs.LocalFileSystem(),
+                                 retry=RetryPolicy(base_delay_s=0.01, max_delay_s=0.02))
+    write(1_000)
+    with pytest.raises(pqloader.RemoteIOError, match="replaced since the dataset was opened"):
+        list(pqloader.DataLoader(ds, batch_size=5_000))
+    assert ds.io_stats()["retries"] == 0
+
+
 def test_a_cache_that_cannot_be_written_warns_once_and_reads_go_on(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_bytes(b"x")  # the cache's folder would have to live inside a file
