@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import codecs
 import itertools
+import json
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,7 +113,11 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
         batches = iter(reader)
         first = next(batches, None)
         schema = reader.schema
-        unknown = sorted(set(types) - set(schema.names))
+        # JSON Lines: a key first seen past the first block has no guess to set (found in
+        # review: its own error pointed to --column-type, which refused it); a file in one
+        # block was guessed whole
+        unknown = sorted(set(types) - set(schema.names)) \
+            if fmt == "csv" or Path(source).stat().st_size <= _BLOCK else []
     except UnicodeError as exc:  # in the header, or the first block
         raise CommandFailure(f"{source}: not {encoding or 'utf8'} text ({exc}); pass the "
                              "file's --encoding (latin-1, cp1252, utf-16...)") from exc
@@ -228,9 +234,13 @@ def _open_json(source: str, types: dict[str, pa.DataType]) -> Any:
         return pa_json.read_json(source, read_options=read, parse_options=parse).to_reader()
 
     guessed = open_().schema
-    if not types or not set(types) <= set(guessed.names):  # unknown: open_source says which
+    if not types:
         return open_()
-    schema = pa.schema([pa.field(f.name, types.get(f.name, f.type)) for f in guessed])
+    # keys not in the first block (a sparse key, first seen later) come after the guessed;
+    # in a file of one block, open_source refuses them (a misspelled key)
+    late = [pa.field(n, t) for n, t in types.items() if n not in guessed.names] \
+        if Path(source).stat().st_size > _BLOCK else []
+    schema = pa.schema([pa.field(f.name, types.get(f.name, f.type)) for f in guessed] + late)
     return open_(pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"))
 
 
@@ -239,8 +249,12 @@ def counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str, rows: list
     """Pass batches through, counting rows; a read error names the file it came from, and so
     do rounded integers (``_guesses.rounding_problem``)."""
     typed = typed or {}
+    names: list[str] = []
+    unseen = set(typed) if fmt == "jsonl" else set()  # a --column-type key no row has yet
     try:
         for batch in batches:
+            names = batch.schema.names
+            unseen -= {n for n in unseen if batch.column(n).null_count < batch.num_rows}
             for column in batch.columns:  # invalid UTF-8 in a string column, caught here:
                 if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
                     column.validate(full=True)  # written, it fails every read after
@@ -250,12 +264,45 @@ def counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str, rows: list
                 raise CommandFailure(problem)
             rows[0] += batch.num_rows
             yield batch
+        if unseen:  # a key misspelled, taken as one first seen late: a column of nulls
+            warnings.warn(f"--column-type {', '.join(sorted(unseen))}: no row of {source} has a "
+                          "value for it; written as a column of nulls (a misspelled key?)",
+                          UserWarning, stacklevel=2)
     except (pa.ArrowException, OSError) as exc:
+        if fmt == "jsonl" and "unexpected field" in str(exc) and names and \
+                (late := late_key(source, rows[0], names)):
+            row, key = late
+            raise CommandFailure(
+                f"{source}: row {row:,} (from 1) has the key {key!r}, which no row of the first "
+                f"{_BLOCK >> 20} MiB has: its type was not guessed. Pass --column-type "
+                f"{key}=TYPE (string, int64, float64...) to write it") from exc
         said = file_rows(str(exc), rows[0]) if fmt == "jsonl" else str(exc)
         raise CommandFailure(f"{source}: {said}; {hint(fmt, typed, said)}") from exc
     except UnicodeError as exc:  # past the first block, in a CSV read with --encoding
         raise CommandFailure(f"{source}: text that its encoding cannot decode after row "
                              f"{rows[0]:,} ({exc}); pass the file's --encoding") from exc
+
+
+def late_key(source: str, after: int, names: list[str]) -> tuple[int, str] | None:
+    """The first row past the first ``after`` rows of a JSON Lines ``source`` with a key not
+    in ``names``, and that key (read again line by line: only for the error's message)."""
+    known = set(names)
+    row = 0
+    with open(source, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row += 1
+            if row <= after:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                return None
+            extra = [k for k in record if k not in known] if isinstance(record, dict) else []
+            if extra:
+                return row, extra[0]
+    return None
 
 
 def file_rows(message: str, before: int) -> str:

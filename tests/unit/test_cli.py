@@ -784,6 +784,29 @@ def test_write_names_a_bad_json_row_by_its_place_in_the_file(tmp_path: Path, cap
     assert code == 1 and "in row 3 of the file (from 1)" in err
 
 
+def test_write_json_lines_with_a_key_first_seen_past_the_first_block(tmp_path: Path, capsys,
+                                                                    monkeypatch) -> None:
+    """Its type was never guessed: pyarrow's "unexpected field" named neither key nor row, and
+    --column-type refused a key the guess did not have (found in review)."""
+    import pqloader._convert as convert
+
+    monkeypatch.setattr(convert, "_BLOCK", 1 << 16)
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(f'{{"a": {i}}}\n' for i in range(20_000)) + '{"a": 1, "b": "new"}\n')
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1 and "row 20,001 (from 1) has the key 'b'" in err, err
+    assert "--column-type b=TYPE" in err
+    code, _, err = run(capsys, "write", src, tmp_path / "out2", "--no-progress",
+                       "--column-type", "b=string")
+    assert (code, err) == (0, ""), err
+    rows = all_rows(tmp_path / "out2")
+    assert rows[20_000] == {"a": 1, "b": "new"} and rows[0] == {"a": 0, "b": None}
+    with pytest.warns(UserWarning, match="--column-type bb: no row of .* misspelled"):
+        code, _, err = run(capsys, "write", src, tmp_path / "out3", "--no-progress",
+                           "--column-type", "b=string", "--column-type", "bb=int64")
+    assert code == 0, err
+
+
 def test_write_takes_file_urls_and_refuses_remote_ones(make_dataset, tmp_path: Path,
                                                        capsys) -> None:
     src = make_dataset(100)
