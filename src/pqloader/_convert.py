@@ -277,6 +277,13 @@ def counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str, rows: list
                 f"{_BLOCK >> 20} MiB has: its type was not guessed. Pass --column-type "
                 f"{key}=TYPE (string, int64, float64...) to write it") from exc
         said = file_rows(str(exc), rows[0]) if fmt == "jsonl" else str(exc)
+        if fmt == "csv" and (m := re.search(r"In CSV column #(\d+)", said)) and \
+                int(m[1]) < len(names):  # a later value that does not fit the guess
+            name = names[int(m[1])]
+            raise CommandFailure(
+                f"{source}: {said.replace(m[0], f'{m[0]} ({name!r})')}; its type was guessed "
+                f"from the first {_BLOCK >> 20} MiB: pass --column-type {name}=TYPE (float64, "
+                "string...) to fit every value") from exc
         raise CommandFailure(f"{source}: {said}; {hint(fmt, typed, said)}") from exc
     except UnicodeError as exc:  # past the first block, in a CSV read with --encoding
         raise CommandFailure(f"{source}: text that its encoding cannot decode after row "

@@ -807,6 +807,17 @@ def test_write_json_lines_with_a_key_first_seen_past_the_first_block(tmp_path: P
     assert code == 0, err
 
 
+def test_write_names_the_csv_column_whose_later_value_does_not_fit(tmp_path: Path, capsys,
+                                                                  monkeypatch) -> None:
+    import pqloader._convert as convert
+
+    monkeypatch.setattr(convert, "_BLOCK", 1 << 16)
+    src = tmp_path / "rows.csv"
+    src.write_text("x,a\n" + "".join(f"s,{i}\n" for i in range(20_000)) + "s,2.5\n")
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1 and "In CSV column #1 ('a')" in err and "--column-type a=TYPE" in err
+
+
 def test_write_takes_file_urls_and_refuses_remote_ones(make_dataset, tmp_path: Path,
                                                        capsys) -> None:
     src = make_dataset(100)
