@@ -370,10 +370,11 @@ def _remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exc
         return DatasetNotFoundError(f"{url}: no such object ({exc})")
     if (isinstance(exc, PermissionError) or status in (401, 403)) and kind == "fatal":
         expired = "; a signed URL may have expired: sign it again" if is_signed(url) else ""
-        said = next((str(e) for e in chain(exc) if str(e) not in ("", "None")),
-                    type(exc).__name__)  # s3fs's PermissionError says "None", its cause why
-        if not isinstance(exc, PermissionError):  # fsspec's HTTP errors: the URL, again
-            said = f"HTTP {status}"
+        # s3fs's PermissionError says "None", its cause why; fsspec's HTTP FileNotFoundError
+        # says the URL again, its cause the status
+        said = next((str(e) for e in chain(exc) if str(e) not in ("", "None")
+                     and " " in str(e).strip()), f"HTTP {status}" if status else
+                    type(exc).__name__)
         return RemoteIOError(f"{url}: access denied ({said}); check the credentials in "
                              f"storage_options{expired}")
     if kind == "fatal":

@@ -389,7 +389,7 @@ def test_http_403_is_access_denied_with_the_signed_url_hint_not_a_missing_object
         ds = pqloader.ParquetDataset([signed])
         deny.set()  # expired after the open: mid-read
         with pytest.raises(pqloader.RemoteIOError, match=r"Credential=REDACTED: access denied "
-                           r"\(HTTP 403\).*a signed URL may have expired") as read:
+                           r"\(403, message='Forbidden'.*a signed URL may have expired") as read:
             list(pqloader.DataLoader(ds, batch_size=1000))
         with pytest.raises(pqloader.RemoteIOError, match=r"access denied .*may have expired"):
             pqloader.ParquetDataset([signed])  # at the open
