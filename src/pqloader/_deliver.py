@@ -164,6 +164,7 @@ class Delivery:
                 self._ready.notify()
             self._offer()  # the stream is free again, or the next is due: for an idle thread
             closed = self._closed
+        del item  # an error's traceback holds this frame: no cycle keeping the loader alive
         if closed:  # close() skipped this stream while it was busy
             self._streams[s].close()  # type: ignore[attr-defined]
 
@@ -233,7 +234,10 @@ class Delivery:
             self._waiting_for = k + 1
             self._offer()  # one more batch may be made ahead
         if kind == "error":
-            raise value
+            try:
+                raise value
+            finally:  # its traceback holds this frame: no cycle keeping the loader alive
+                del value
         return value
 
     def _check_time(self, k: int, began: float) -> None:

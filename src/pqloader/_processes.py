@@ -14,6 +14,7 @@ import contextlib
 import multiprocessing
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -92,6 +93,7 @@ class ProcessDelivery:
             self.forget()  # persistent ones may be dead or stuck: the next epoch starts anew
             if not str(exc).startswith("DataLoader timed out"):
                 _shut_down(it, w.persistent_workers)
+                traceback.clear_frames(exc.__traceback__)  # as below
                 raise
             for process in getattr(it, "_workers", ()):  # stuck: joining them would hang
                 process.terminate()
@@ -99,9 +101,12 @@ class ProcessDelivery:
                 f"no batch from a worker process within timeout={w.timeout} s; raise "
                 "timeout= or look for a slow file system or transform"
             ) from exc
-        except BaseException:  # a worker's error, Ctrl-C (which reaches the workers too)
+        except BaseException as exc:  # a worker's error, Ctrl-C (which reaches the workers too)
             self.forget()
             _shut_down(it, w.persistent_workers)
+            # torch's frames that re-raised it hold it: a cycle through this loader, kept
+            # (its persistent workers too) until a garbage collection (found in review)
+            traceback.clear_frames(exc.__traceback__)
             raise
         finally:
             # On an error, torch's iterator lives on in the traceback's reference cycle and

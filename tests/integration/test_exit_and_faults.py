@@ -189,6 +189,37 @@ def test_a_batch_that_cannot_leave_a_worker_process_is_an_error_not_a_hang(
     assert time.monotonic() - began < 30
 
 
+def _fails_at_500(batch: dict[str, Any]) -> dict[str, Any]:
+    if 500 in batch["id"].tolist():
+        raise ValueError("bad row")
+    return batch
+
+
+@pytest.mark.parametrize("kind", ["thread", "process", "auto"])
+def test_a_loader_whose_transform_failed_is_freed_once_dropped(make_dataset: Any,
+                                                               kind: str) -> None:
+    """The error's traceback held frames that held the error: a cycle through the loader, so
+    it (and its persistent worker processes) lived on until a garbage collection, whose
+    forked workers then printed torch's "can only test a child process" (found in review)."""
+    import gc
+    import weakref
+
+    ds = pqloader.ParquetDataset(make_dataset(1000))
+    options: dict[str, Any] = {"num_workers": "auto"} if kind == "auto" else {
+        "num_workers": 2, "worker_type": kind, "persistent_workers": kind == "process"}
+    loader = pqloader.DataLoader(ds, batch_size=64, transform=_fails_at_500, **options)
+    gc.collect()
+    gc.disable()  # freed by reference counts alone, as torch's own loader is
+    try:
+        with pytest.raises(ValueError, match="bad row"):
+            list(loader)
+        ref = weakref.ref(loader)
+        del loader
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
 def test_persistent_worker_processes_start_anew_after_one_is_killed(make_dataset: Any) -> None:
     import os
     import signal
