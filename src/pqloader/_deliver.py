@@ -20,6 +20,7 @@ from typing import Any
 
 from ._config import START_GRACE_S
 from ._errors import LoaderTimeoutError
+from ._globalrng import call_init
 from ._memory import MemoryBudget, nbytes
 from ._threads import close_at_exit, track
 
@@ -171,7 +172,7 @@ class Delivery:
     def _run(self, index: int) -> None:
         try:
             if self._init is not None:
-                self._init(index)
+                call_init(self._init, index)
         except BaseException as exc:
             exc.add_note(f"in worker_init_fn({index}) of pqloader worker thread {index}")
             with self._lock:

@@ -7,6 +7,7 @@ import functools
 import gc
 import json
 import os
+import random
 import socket
 import threading
 import time
@@ -321,6 +322,41 @@ def test_worker_init_fn_persistent_processes(ds: pqloader.ParquetDataset,
         assert sorted(flat(ids_of(loader))) == list(range(ROWS))
     assert _inits(folder) == [0, 1]  # the same two processes served every epoch
     del loader
+
+
+def _seed_worker(worker_id: int) -> None:  # torch's docs' worker_init_fn, and more
+    torch.manual_seed(1234 + worker_id)
+    np.random.seed(torch.initial_seed() % 2**32)
+    random.seed(worker_id)
+
+
+def _no_seeding(worker_id: int) -> None:
+    torch.rand(1)  # a draw is no seeding
+
+
+def test_a_worker_init_fn_reseeds_no_generator_of_the_training_loop(
+        ds: pqloader.ParquetDataset) -> None:
+    """Thread workers share the process's generators: torch's docs' seed_worker reseeded the
+    loop's at every epoch's start, its dropout the same each epoch (found in review)."""
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    loader = pqloader.DataLoader(ds, batch_size=BATCH, num_workers=2, shuffle=True,
+                                 worker_init_fn=_seed_worker)
+    draws = []
+    with pytest.warns(RuntimeWarning, match="worker_init_fn called torch.manual_seed, "
+                      "np.random.seed(, random.seed)?: thread workers share") as caught:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            assert sorted(flat(ids_of(loader))) == list(range(ROWS))
+            draws.append((float(torch.rand(1)), float(np.random.rand()), random.random()))
+    assert caught
+    assert len(set(draws)) == 3, draws  # not the same first draws after each epoch
+    # a worker_init_fn that only draws changes nothing, and is not warned of
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(ids_of(pqloader.DataLoader(ds, batch_size=BATCH, num_workers=2,
+                                              worker_init_fn=_no_seeding))) > 0
 
 
 def test_persistent_processes_follow_set_epoch(ds: pqloader.ParquetDataset) -> None:
