@@ -40,8 +40,9 @@ class ProcessDelivery:
         # KeyError or AssertionError, an empty epoch, a hang: found in review).
         self._lock = threading.Lock()
 
-    def __getstate__(self) -> dict[str, Any]:  # a loader pickles (the lock is this process's)
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+    def __getstate__(self) -> dict[str, Any]:  # a loader pickles (the lock and the running
+        # workers are this process's: a loader whose persistent workers ran did not pickle)
+        return {**{k: v for k, v in self.__dict__.items() if k != "_lock"}, "_loader": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

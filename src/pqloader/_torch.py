@@ -38,11 +38,30 @@ class SharedCursor:
     def __init__(self) -> None:
         self._values = multiprocessing.RawArray("q", 3)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # sent to a spawned worker: the same memory; else (pickle, deepcopy) a cursor of its
+        # own at the same place (a RawArray pickles only while a process spawns: review)
+        if multiprocessing.context.get_spawning_popen() is not None:
+            return _shared_cursor, (self._values,)
+        return _cursor_at, self.get()
+
     def get(self) -> tuple[int, int, int]:
         return int(self._values[0]), int(self._values[1]), int(self._values[2])
 
     def set(self, epoch: int, start: int = 0, workers: int = 0) -> None:
         self._values[0], self._values[1], self._values[2] = epoch, start, workers
+
+
+def _shared_cursor(values: Any) -> SharedCursor:
+    cursor = SharedCursor.__new__(SharedCursor)
+    cursor._values = values
+    return cursor
+
+
+def _cursor_at(epoch: int, start: int, workers: int) -> SharedCursor:
+    cursor = SharedCursor()
+    cursor.set(epoch, start, workers)
+    return cursor
 
 
 def skipped(worker: int, start: int, num_workers: int) -> int:

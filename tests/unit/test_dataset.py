@@ -254,6 +254,27 @@ def test_dataset_pickles(dataset_path: Path) -> None:
     assert copy[-1] == {"id": 999, "text": "row 999"}
 
 
+def test_to_torch_and_a_loader_whose_persistent_workers_ran_pickle(dataset_path: Path) -> None:
+    """Only while a process spawned: a RawArray, a running torch loader (found in review)."""
+    import copy
+    import pickle
+
+    ds = pqloader.ParquetDataset(dataset_path, columns=["id"])
+    it = ds.to_torch(batch_size=100, shuffle=True)
+    it.set_epoch(3, start=2, num_workers=1)
+    for twin in (pickle.loads(pickle.dumps(it)), copy.deepcopy(it)):
+        twin_ids = [int(i) for b in twin for i in b["id"]]
+        assert twin_ids == [int(i) for b in it for i in b["id"]]  # the same place, epoch 3
+        assert len(twin_ids) == 800
+        twin.set_epoch(4)  # a cursor of its own
+        assert len([b for b in it]) == 8
+    loader = pqloader.DataLoader(ds, batch_size=100, num_workers=1, worker_type="process",
+                                 persistent_workers=True)
+    assert len(list(loader)) == 10
+    again = pickle.loads(pickle.dumps(loader))
+    assert sorted(int(i) for b in again for i in b["id"]) == list(range(1000))
+
+
 # -- layouts --------------------------------------------------------------------------------------
 def test_spark_layout(tmp_path: Path) -> None:
     root = tmp_path / "spark"
