@@ -107,7 +107,7 @@ def in_flight(prefetch_factor: int) -> None:
     """This worker has up to ``prefetch_factor`` batches in flight: its rings get that many
     slots besides those the caller holds (a deeper prefetch sent the rest the torch way)."""
     global _slots
-    _slots = max(SLOTS, prefetch_factor + _BESIDE)
+    _slots = min(max(SLOTS, prefetch_factor + _BESIDE), _MAPPED)  # a flag each in the header
 
 
 def take(nbytes: int) -> tuple[_Ring, int, torch.Tensor] | None:
@@ -122,7 +122,8 @@ def take(nbytes: int) -> tuple[_Ring, int, torch.Tensor] | None:
             2 * (_ring.slot_bytes if _ring is not None else 0)
         slot_bytes = -(-max(nbytes * 5 // 4, least, 4096) // 4096) * 4096
         most = min(_MOST_BYTES, _room() // _SHARE)
-        slots = next((n for n in (_slots, _FEWEST) if n * slot_bytes <= most), 0)
+        fit = most // slot_bytes  # as many as wanted that fit, not fewer than _FEWEST
+        slots = min(_slots, fit) if fit >= _FEWEST else 0
         if slots:
             _ring = _Ring(slot_bytes, slots)  # an old one lives on while its views do
         elif _ring is None or nbytes > _ring.slot_bytes:

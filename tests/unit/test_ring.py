@@ -81,6 +81,20 @@ def test_a_deeper_prefetch_gets_as_many_slots_more(tmp_path: Path) -> None:
     assert ringed == len(expected) == 120
 
 
+def test_a_ring_has_as_many_slots_as_fit_up_to_its_header(monkeypatch) -> None:
+    """A deep prefetch whose slots did not all fit fell back to 4 (the default got 8), and
+    slots past the header's 63 flags were made but never taken (found in review)."""
+    monkeypatch.setattr(_ring, "_ring", None)
+    monkeypatch.setattr(_ring, "_slots", _ring.SLOTS)
+    monkeypatch.setattr(_ring, "_room", lambda: 8 * 64 * 2**20)  # 64 MiB a ring at most
+    for prefetch, nbytes, slots in ((2, 4 << 20, 8), (12, 4 << 20, 12), (64, 1 << 20, 51),
+                                    (70, 4096, 63)):
+        _ring.in_flight(prefetch)
+        _ring._ring = None
+        taken = _ring.take(nbytes)
+        assert taken is not None and len(taken[0].slots) == slots, (prefetch, nbytes)
+
+
 def _growing(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     first = int(batch["id"][0])  # a batch of 50 x (first + 1) values, all its first id
     return {"id": batch["id"], "big": torch.full((50, first + 1), first, dtype=torch.int32)}
