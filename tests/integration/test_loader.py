@@ -338,9 +338,10 @@ def test_a_worker_init_fn_reseeds_no_generator_of_the_training_loop(
         ds: pqloader.ParquetDataset) -> None:
     """Thread workers share the process's generators: torch's docs' seed_worker reseeded the
     loop's at every epoch's start, its dropout the same each epoch (found in review)."""
-    torch.manual_seed(0)
+    torch.manual_seed(1234)  # worker 0's seed too: its initial_seed stays (found in review)
     np.random.seed(0)
     random.seed(0)
+    torch.rand(1)
     loader = pqloader.DataLoader(ds, batch_size=BATCH, num_workers=2, shuffle=True,
                                  worker_init_fn=_seed_worker)
     draws = []
@@ -352,11 +353,51 @@ def test_a_worker_init_fn_reseeds_no_generator_of_the_training_loop(
             draws.append((float(torch.rand(1)), float(np.random.rand()), random.random()))
     assert caught
     assert len(set(draws)) == 3, draws  # not the same first draws after each epoch
+    # one worker, seeding what the loop seeded: torch's initial_seed stays the same
+    torch.manual_seed(1234)
+    torch.rand(1)
+    loader = pqloader.DataLoader(ds, batch_size=BATCH, num_workers=1,
+                                 worker_init_fn=_seed_worker)
+    with pytest.warns(RuntimeWarning, match="worker_init_fn called torch.manual_seed"):
+        firsts = []
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            ids_of(loader)
+            firsts.append(float(torch.rand(1)))
+    assert len(set(firsts)) == 3, firsts
     # a worker_init_fn that only draws changes nothing, and is not warned of
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(ids_of(pqloader.DataLoader(ds, batch_size=BATCH, num_workers=2,
                                               worker_init_fn=_no_seeding))) > 0
+
+
+def test_worker_init_fns_that_wait_for_each_other_or_never_return_hold_up_no_other(
+        ds: pqloader.ParquetDataset) -> None:
+    """Run one at a time to keep the generators apart, two inits at a barrier waited forever,
+    and one that never returned held up every later loader's (found in review)."""
+    barrier = threading.Barrier(2, timeout=30)  # broken, not hung, if they run one at a time
+    loader = pqloader.DataLoader(ds, batch_size=BATCH, num_workers=2,
+                                 worker_init_fn=lambda i: barrier.wait())
+    assert sorted(flat(ids_of(loader))) == list(range(ROWS))
+    stuck, started = threading.Event(), threading.Event()
+
+    def stuck_init(i: int) -> None:
+        started.set()
+        stuck.wait()
+
+    first = pqloader.DataLoader(ds, batch_size=BATCH, num_workers=1,
+                                worker_init_fn=stuck_init)
+    waiting = threading.Thread(target=lambda: list(first))
+    waiting.start()
+    try:
+        assert started.wait(30)
+        second = pqloader.DataLoader(ds, batch_size=BATCH, num_workers=1, timeout=30,
+                                     worker_init_fn=lambda i: None)
+        assert sorted(flat(ids_of(second))) == list(range(ROWS))
+    finally:
+        stuck.set()
+        waiting.join()
 
 
 def test_persistent_processes_follow_set_epoch(ds: pqloader.ParquetDataset) -> None:
