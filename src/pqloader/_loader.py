@@ -283,7 +283,10 @@ class DataLoader:
             origin, batches = cursor.origin, cursor.batches
         elif cursor.batches == 0:  # nothing of that plan delivered: deal what it was dealt
             # (its drop_last dropped no row twice), the old windows cut to this loader's
-            origin = None if cursor.origin is None else _dealt(cursor.origin, current)
+            origin = None if cursor.origin is None else _dealt(cursor.origin, current) \
+                if {"own", "shares"} & set(cursor.origin) else {**cursor.origin, "recut": True}
+            # (an origin saved before either: dealt as then, as a rank of its settings deals
+            # it: mixed, the two disagreed, found in review)
             batches = 0
         else:
             origin = _dealt({"settings": dict(cursor.settings), "batches": cursor.batches,
