@@ -15,6 +15,7 @@ import multiprocessing
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -71,6 +72,11 @@ class ProcessDelivery:
                     epoch, start, num_workers=w.num_workers)
                 loader.pqloader_pass = this_pass
                 it = iter(loader)
+                if w.persistent_workers and it not in _released:
+                    # its workers end when it goes (torch's __del__, before this runs): let
+                    # go of their rings then, not at some later process loader's first batch
+                    _released.add(it)
+                    weakref.finalize(it, forget_dead).atexit = False
             if up is not None and w.timeout:
                 _await_start(it, up, w.num_workers, w.timeout)
             while True:
@@ -136,6 +142,9 @@ class ProcessDelivery:
         if w.persistent_workers:
             self._loader = loader
         return loader, up
+
+
+_released: weakref.WeakSet[Any] = weakref.WeakSet()  # persistent iterators let go when gone
 
 
 class _Superseded(Exception):

@@ -57,7 +57,8 @@ def test_batches_the_caller_holds_are_never_overwritten(tmp_path: Path) -> None:
     """All 120 held: the rings' 16 slots fill, the rest go the torch way, none is written over."""
     ds = _dataset(tmp_path)
     expected = list(_loader(ds, "thread"))
-    held = list(_loader(ds, "process", persistent_workers=True))
+    loader = _loader(ds, "process", persistent_workers=True)  # kept: its rings stay mapped
+    held = list(loader)
     assert len(held) == len(expected)
     assert all(_same(a, b) for a, b in zip(held, expected, strict=True))
     assert 0 < sum(_in_a_ring(b["f0"]) for b in held) < len(held)
@@ -125,6 +126,19 @@ def test_rings_of_ended_workers_are_let_go(tmp_path: Path, persistent: bool) -> 
         loader.set_epoch(epoch)
         assert sum(1 for _ in loader) == 120
         assert len(_ring._mapped) <= before + (2 if persistent else 0)
+
+
+def test_rings_of_persistent_workers_are_let_go_with_their_loader(tmp_path: Path) -> None:
+    """They stayed mapped (2 workers x 9 segments, up to 2 x 256 MiB of /dev/shm) until a
+    later process loader's first batch (found in a soak test)."""
+    gc.collect()
+    before = set(_ring._mapped)
+    loader = _loader(_dataset(tmp_path), "process", persistent_workers=True)
+    assert sum(1 for _ in loader) == 120
+    ours = set(_ring._mapped) - before
+    assert len(ours) == 2
+    del loader
+    assert not ours & set(_ring._mapped)
 
 
 def test_a_batch_a_forked_child_holds_is_not_written_over(tmp_path: Path) -> None:
