@@ -253,10 +253,9 @@ class DataLoader:
         in windows of this loader's size (the old windows are cut to it: a memory budget
         holds); in the same world size and batch size each rank deals out its own rows left
         (beside ranks that resume exactly, the two agree). Either way at most one shuffle
-        window per worker is read before the first
-        batch. A loader whose window size is automatic (no ``shuffle_window_rows``) takes
-        the state's, unless that would pass its ``memory_budget_bytes``: the automatic size
-        may differ between pqloader versions.
+        window per worker is read before the first batch. A loader whose window size is
+        automatic (no ``shuffle_window_rows``) takes the state's, unless that would pass its
+        ``memory_budget_bytes``: the automatic size may differ between pqloader versions.
 
         Raises:
             StateMismatchError: the state is from another dataset or other settings.
@@ -283,10 +282,12 @@ class DataLoader:
             origin, batches = cursor.origin, cursor.batches
         elif cursor.batches == 0:  # nothing of that plan delivered: deal what it was dealt
             # (its drop_last dropped no row twice), the old windows cut to this loader's
-            origin = None if cursor.origin is None else _dealt(cursor.origin, current) \
-                if {"own", "shares"} & set(cursor.origin) else {**cursor.origin, "recut": True}
-            # (an origin saved before either: dealt as then, as a rank of its settings deals
-            # it: mixed, the two disagreed, found in review)
+            if cursor.origin is None:
+                origin = None
+            elif {"own", "shares"} & set(cursor.origin):
+                origin = _dealt(cursor.origin, current)
+            else:  # saved before either: dealt as then, as a rank of the state's settings
+                origin = {**cursor.origin, "recut": True}  # deals it (found in review)
             batches = 0
         else:
             origin = _dealt({"settings": dict(cursor.settings), "batches": cursor.batches,
