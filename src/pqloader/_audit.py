@@ -13,6 +13,7 @@ numbers, zlib-compressed: a contiguous batch costs two numbers.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import uuid
@@ -64,6 +65,7 @@ class AuditLog:
         root.mkdir(parents=True, exist_ok=True)
         self.path = root / f"rank{rank:05d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        self.warned = False  # of a batch whose rows a transform changed
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         self._write({"format": HEADER, "version": 1, "rank": rank, "world_size": world_size,
                      "num_workers": num_workers, "dataset": dict(dataset),
@@ -73,10 +75,45 @@ class AuditLog:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._file.flush()
 
-    def record(self, epoch: int, batch: int, rows: np.ndarray) -> None:
-        """Batch ``batch`` of ``epoch`` held ``rows`` (called as it is handed to the caller)."""
-        self._write({"epoch": epoch, "batch": batch, "worker": batch % max(1, self.num_workers),
-                     "rows": encode_rows(rows)})
+    def record(self, epoch: int, batch: int, rows: np.ndarray, plan: str,
+               rows_out: int | None = None) -> None:
+        """Batch ``batch`` of ``epoch`` held ``rows`` (called as it is handed to the caller);
+        ``plan`` names the epoch's plan as every rank of a run names it (:func:`plan_name`);
+        ``rows_out``: the rows it held after a transform or collate_fn that changed them."""
+        record = {"epoch": epoch, "batch": batch, "worker": batch % max(1, self.num_workers),
+                  "rows": encode_rows(rows), "plan": plan}
+        self._write(record if rows_out is None else {**record, "rows_out": rows_out})
+
+
+def batch_rows(batch: Any) -> int | None:
+    """The rows a batch holds, where its values agree on it (their first dimension); else
+    ``None`` (a structure of a collate_fn's own)."""
+    values = batch.values() if isinstance(batch, Mapping) else \
+        batch if isinstance(batch, (tuple, list)) else ()
+    sizes = {int(v.shape[0]) if hasattr(v, "shape") and len(v.shape) else len(v)
+             for v in values if hasattr(v, "shape") or isinstance(v, list)}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def plan_name(origin: Mapping[str, Any] | None, world_size: int, batch_size: int,
+              drop_last: bool) -> str:
+    """The padding a plan may add, and which plan it is: ``whole:`` (an epoch dealt from its
+    start, padded to even ``world_size`` ranks), ``own:`` (each rank dealt its own rows left:
+    no new padding), ``dealt:`` (the rows left dealt to a new world, padded again). Ranks
+    resumed exactly name the plan they resumed: its padding counts once, however many runs
+    delivered it (it counted once per record file's run: a restart's real repeats passed for
+    padding, found in review)."""
+    kind = "whole" if origin is None else "own" if origin.get("own") else "dealt"
+    text = json.dumps([world_size, batch_size, drop_last, origin], sort_keys=True)
+    return f"{kind}:{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
+def _allowed(name: str, num_rows: int, world_size: int, drop_last: bool) -> int:
+    """Deliveries past one that the plan ``name`` pads with."""
+    kind = name.partition(":")[0]
+    if drop_last or kind == "own":
+        return 0
+    return -num_rows % world_size if kind == "whole" else world_size - 1
 
     def close(self) -> None:
         self._file.close()
@@ -91,15 +128,16 @@ class EpochReport:
     delivered: int = 0  # row deliveries, repeats included
     duplicates: int = 0  # rows delivered more than once
     missing: int = 0  # rows never delivered
-    padding: int = 0  # rows delivered twice to even the ranks' batches (not duplicates)
+    padding: int = 0  # deliveries past one that even the ranks' batches (not duplicates)
     dropped: int = 0  # rows drop_last left out (not missing)
+    reshaped: int = 0  # batches a transform or collate_fn gave other rows than read: unchecked
     duplicate_examples: list[dict[str, Any]] = field(default_factory=list)
     batches_per_rank: dict[int, int] = field(default_factory=dict)
     batches_per_worker: dict[str, int] = field(default_factory=dict)  # "rank/worker"
 
     @property
     def exactly_once(self) -> bool:
-        return self.duplicates == 0 and self.missing == 0
+        return self.duplicates == 0 and self.missing == 0 and self.reshaped == 0
 
 
 def _read_records(path: Path) -> list[dict[str, Any]] | None:
@@ -111,6 +149,10 @@ def _read_records(path: Path) -> list[dict[str, Any]] | None:
     """
     with open(path, encoding="utf-8", errors="replace") as f:  # garbage fails as JSON below
         numbered = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    if not numbered:  # killed between making the file and writing its header (or a full disk)
+        warnings.warn(f"{path}: empty (a process killed as it started?); skipped",
+                      stacklevel=3)
+        return None
     records: list[dict[str, Any]] = []
     for n, line in numbered:
         try:
@@ -158,8 +200,10 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
     counts: dict[int, np.ndarray] = {}
     where: dict[int, list[tuple[str, int, int, np.ndarray]]] = defaultdict(list)
     reports: dict[int, EpochReport] = {}
-    # per epoch: the record files of each world size it ran in (a run's ranks write one each)
+    # per epoch: the record files of each world size it ran in (a run's ranks write one each;
+    # records before plans were named), and the plans named
     worlds: dict[int, defaultdict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+    plans: dict[int, set[tuple[str, int, bool]]] = defaultdict(set)
     left_out: dict[int, set[int | None]] = defaultdict(set)  # per epoch, per record file
     for path in files:
         lines = _read_records(path)
@@ -178,12 +222,17 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
             for rec in lines[1:]:
                 epoch = int(rec["epoch"])
                 left_out[epoch].add(_left_out(num_rows, head))
-                worlds[epoch][int(head.get("world_size", 1))].add(path.name)
+                if "plan" in rec:
+                    plans[epoch].add((str(rec["plan"]), int(head["world_size"]),
+                                      bool(head["drop_last"])))
+                else:
+                    worlds[epoch][int(head.get("world_size", 1))].add(path.name)
                 rows = decode_rows(rec["rows"])
                 count = counts.setdefault(epoch, np.zeros(num_rows, dtype=np.int32))
                 np.add.at(count, rows, 1)
                 report = reports.setdefault(epoch, EpochReport(epoch, num_rows))
                 report.delivered += len(rows)
+                report.reshaped += "rows_out" in rec
                 rank = int(head["rank"])
                 report.batches_per_rank[rank] = report.batches_per_rank.get(rank, 0) + 1
                 key = f"{rank}/{rec['worker']}"
@@ -191,7 +240,7 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
                 where[epoch].append((path.name, rank, int(rec["batch"]), rows))
         except InvalidArgumentError:
             raise
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, zlib.error) as exc:
             raise InvalidArgumentError(
                 f"{path}: a record lacks or garbles its {exc}; the file is damaged: move it "
                 "out of the folder to audit the others") from exc
@@ -200,14 +249,18 @@ def audit(directory: str | os.PathLike[str], *, max_examples: int = 5) -> list[E
         report.duplicates = int((count > 1).sum())
         report.missing = int((count == 0).sum())
         extra = report.delivered - report.num_rows
-        # each run of the epoch in a world of w ranks (w record files) evens its rows anew:
-        # a world size it came back to counts again (2 -> 3 -> 2: 1 + 2 + 1 rows)
-        padding = sum(-(-len(names) // w) * (w - 1) for w, names in worlds[epoch].items())
-        if not report.missing and extra <= padding and report.duplicates == extra:
+        # each plan the epoch ran pads as it does (once, whatever runs delivered it); records
+        # of before: each run in a world of w ranks (w record files) evens its rows anew, a
+        # world size it came back to counting again (2 -> 3 -> 2: 1 + 2 + 1 rows)
+        named = sum(_allowed(name, report.num_rows, ranks, dropping)
+                    for name, ranks, dropping in plans[epoch])
+        padding = named + sum(-(-len(names) // w) * (w - 1) for w, names in worlds[epoch].items())
+        if not report.missing and extra <= padding:
             # without drop_last, the ranks yield equal batches: at most world_size - 1 rows
-            # come twice when the rows do not divide evenly, and none is missing then; an
+            # come again when the rows do not divide evenly, and none is missing then; an
             # epoch resumed in another world evens the rows left again, for its world_size - 1
-            report.padding, report.duplicates = report.duplicates, 0
+            # (a row may come 3 times: 1 row left for 3 ranks)
+            report.padding, report.duplicates = extra, 0
         (dropped,) = left_out[epoch] if len(left_out[epoch]) == 1 else (None,)
         if dropped and report.missing == dropped and not report.duplicates:
             # resumed with other settings (or records of before): which is unknown, so missing

@@ -193,10 +193,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{**vars(r), "exactly_once": r.exactly_once} for r in reports]))
     for r in reports if not args.json else []:
-        apart = (f" (and {r.padding:,} twice: the padding that evens the ranks)" if r.padding
+        apart = (f" (and {r.padding:,} again: the padding that evens the ranks)" if r.padding
                  else f", but the {r.dropped:,} that drop_last leaves out" if r.dropped else "")
         verdict = f"every row exactly once{apart}" if r.exactly_once else (
             f"{r.duplicates:,} rows more than once, {r.missing:,} rows never")
+        if r.reshaped:  # a transform changed their rows: what it delivered is not on record
+            verdict += (f"; {r.reshaped:,} batches left a transform or collate_fn with other "
+                        "rows than read: not checked")
         print(f"epoch {r.epoch}: {r.delivered:,} deliveries of {r.num_rows:,} rows: {verdict}")
         ranks = ", ".join(f"rank {k}: {v}" for k, v in sorted(r.batches_per_rank.items()))
         print(f"  batches per rank: {ranks}")

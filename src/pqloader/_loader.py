@@ -11,7 +11,7 @@ import torch
 import torch.utils.data
 
 from ._agree import Agreement, built_at
-from ._audit import AuditLog
+from ._audit import AuditLog, batch_rows, plan_name
 from ._autotune import ThreadTuner, TunerReport
 from ._config import LoaderConfig, WorkerConfig, WorkerType, resolve_num_workers
 from ._deliver import Delivery, OncePerIndex
@@ -321,20 +321,35 @@ class DataLoader:
             batches = self._iter_threads(self._planner.plan(epoch, w.num_workers), epoch, start)
         else:
             batches = self._processes.batches(epoch, start, self._placement.receive)
-        if self._audit_dir is not None and self._audit is None:
+        if self._audit_dir is not None:
             c = self.config
-            self._audit = AuditLog(self._audit_dir, rank=c.world.rank,
-                                   world_size=c.world.world_size,
-                                   num_workers=self._plan_workers,
-                                   dataset=self._planner.fingerprint,
-                                   batch_size=c.batch_size, drop_last=c.drop_last)
+            if self._audit is None:
+                self._audit = AuditLog(self._audit_dir, rank=c.world.rank,
+                                       world_size=c.world.world_size,
+                                       num_workers=self._plan_workers,
+                                       dataset=self._planner.fingerprint,
+                                       batch_size=c.batch_size, drop_last=c.drop_last)
+            origin = self._planner.origin
+            named = plan_name(origin[1] if origin is not None and origin[0] == epoch else None,
+                              c.world.world_size, c.batch_size, c.drop_last)
         for k, batch in enumerate(batches, start + 1):
             self._agreement.poll()
             if memory is not None:
                 memory.warn_if_over()
             if self._audit is not None:
                 batch, rows = batch
-                self._audit.record(epoch, k - 1, rows)
+                # the rows read are recorded: those a transform left out or repeated passed
+                # for delivered once (found in review); such a batch is told, and unchecked
+                n = batch_rows(batch)
+                reshaped = n is not None and n != len(rows)
+                self._audit.record(epoch, k - 1, rows, named, n if reshaped else None)
+                if reshaped and not self._audit.warned:
+                    self._audit.warned = True
+                    warnings.warn(
+                        f"audit_dir: a batch of {len(rows):,} rows left transform/collate_fn "
+                        f"with {n:,}: the audit records the rows read for each batch, not those "
+                        "a transform keeps, repeats or packs; it reports such batches as "
+                        "unchecked", RuntimeWarning, stacklevel=2)
             if self._passes == this_pass and self._epoch == epoch:
                 self._batches = k  # counted before the caller has it: a state now excludes it
             yield batch
