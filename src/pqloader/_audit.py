@@ -18,6 +18,7 @@ import json
 import os
 import uuid
 import warnings
+import weakref
 import zlib
 from collections import defaultdict
 from collections.abc import Mapping
@@ -67,6 +68,7 @@ class AuditLog:
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         self.warned = False  # of a batch whose rows a transform changed
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        weakref.finalize(self, self._file.close)  # or with the loader (a ResourceWarning)
         self._write({"format": HEADER, "version": 1, "rank": rank, "world_size": world_size,
                      "num_workers": num_workers, "dataset": dict(dataset),
                      "batch_size": batch_size, "drop_last": drop_last})
@@ -90,8 +92,8 @@ def batch_rows(batch: Any) -> int | None:
     ``None`` (a structure of a collate_fn's own)."""
     values = batch.values() if isinstance(batch, Mapping) else \
         batch if isinstance(batch, (tuple, list)) else ()
-    sizes = {int(v.shape[0]) if hasattr(v, "shape") and len(v.shape) else len(v)
-             for v in values if hasattr(v, "shape") or isinstance(v, list)}
+    sizes = {int(v.shape[0]) if hasattr(v, "shape") else len(v) for v in values
+             if (hasattr(v, "shape") and len(v.shape)) or isinstance(v, list)}  # no scalars
     return sizes.pop() if len(sizes) == 1 else None
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 import pqloader
 from pqloader._audit import decode_rows, encode_rows
@@ -338,3 +340,20 @@ def test_an_empty_record_file_is_skipped_and_garbled_rows_are_damage(
     record.write_text("\n".join([lines[0], json.dumps(bad), *lines[2:]]) + "\n")
     with pytest.raises(pqloader.InvalidArgumentError, match="the file is damaged"):
         pqloader.audit(tmp_path / "a")
+
+
+def _with_a_scalar(batch: dict[str, Any]) -> dict[str, Any]:
+    return {**batch, "weight": torch.tensor(0.5), "scale": np.float32(2)}
+
+
+def test_a_transform_adding_scalars_keeps_its_batches_checked(make_dataset: Any,
+                                                              tmp_path: Path) -> None:
+    """A 0-d tensor or a numpy scalar beside the columns has no rows to compare (len() of
+    it failed the batch)."""
+    ds = pqloader.ParquetDataset(make_dataset(100))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert len(list(pqloader.DataLoader(ds, batch_size=10, transform=_with_a_scalar,
+                                            audit_dir=tmp_path))) == 10
+    (report,) = pqloader.audit(tmp_path)
+    assert report.exactly_once and report.reshaped == 0
