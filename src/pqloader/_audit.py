@@ -77,14 +77,27 @@ class AuditLog:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._file.flush()
 
-    def record(self, epoch: int, batch: int, rows: np.ndarray, plan: str,
-               rows_out: int | None = None) -> None:
+    def record(self, epoch: int, batch: int, rows: np.ndarray, plan: str, *,
+               made: Any = None) -> None:
         """Batch ``batch`` of ``epoch`` held ``rows`` (called as it is handed to the caller);
         ``plan`` names the epoch's plan as every rank of a run names it (:func:`plan_name`);
-        ``rows_out``: the rows it held after a transform or collate_fn that changed them."""
+        ``made``: the batch as the caller gets it. The rows read are recorded: those a
+        transform or collate_fn left out or repeated passed for delivered once (found in
+        review), so a batch whose rows they changed is recorded so, warned of once, and
+        reported unchecked."""
         record = {"epoch": epoch, "batch": batch, "worker": batch % max(1, self.num_workers),
                   "rows": encode_rows(rows), "plan": plan}
-        self._write(record if rows_out is None else {**record, "rows_out": rows_out})
+        n = batch_rows(made)
+        if n is not None and n != len(rows):
+            record["rows_out"] = n
+            if not self.warned:
+                self.warned = True
+                warnings.warn(
+                    f"audit_dir: a batch of {len(rows):,} rows left transform/collate_fn with "
+                    f"{n:,}: the audit records the rows read for each batch, not those a "
+                    "transform keeps, repeats or packs; it reports such batches as unchecked",
+                    RuntimeWarning, stacklevel=3)
+        self._write(record)
 
 
 def batch_rows(batch: Any) -> int | None:

@@ -117,7 +117,7 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
         # review: its own error pointed to --column-type, which refused it); a file in one
         # block was guessed whole
         unknown = sorted(set(types) - set(schema.names)) \
-            if fmt == "csv" or Path(source).stat().st_size <= _BLOCK else []
+            if fmt == "csv" or _one_block(source) else []
     except UnicodeError as exc:  # in the header, or the first block
         raise CommandFailure(f"{source}: not {encoding or 'utf8'} text ({exc}); pass the "
                              "file's --encoding (latin-1, cp1252, utf-16...)") from exc
@@ -239,7 +239,7 @@ def _open_json(source: str, types: dict[str, pa.DataType]) -> Any:
     # keys not in the first block (a sparse key, first seen later) come after the guessed;
     # in a file of one block, open_source refuses them (a misspelled key)
     late = [pa.field(n, t) for n, t in types.items() if n not in guessed.names] \
-        if Path(source).stat().st_size > _BLOCK else []
+        if not _one_block(source) else []
     schema = pa.schema([pa.field(f.name, types.get(f.name, f.type)) for f in guessed] + late)
     return open_(pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"))
 
@@ -288,6 +288,11 @@ def counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str, rows: list
     except UnicodeError as exc:  # past the first block, in a CSV read with --encoding
         raise CommandFailure(f"{source}: text that its encoding cannot decode after row "
                              f"{rows[0]:,} ({exc}); pass the file's --encoding") from exc
+
+
+def _one_block(source: str) -> bool:
+    """Whether pyarrow guesses the types from the whole file (its first block is all of it)."""
+    return Path(source).stat().st_size <= _BLOCK
 
 
 def late_key(source: str, after: int, names: list[str]) -> tuple[int, str] | None:

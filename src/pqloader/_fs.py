@@ -26,7 +26,7 @@ from typing import Any
 
 from ._arrowfs import ArrowFs, is_arrow_fs
 from ._backends import if_match, own_retries, set_retries
-from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
+from ._errors import InvalidArgumentError, RemoteIOError
 from ._iostats import IOStats
 from ._ranges import Range, coalesce, cut
 from ._retry import (
@@ -35,14 +35,13 @@ from ._retry import (
     RangeIgnored,
     RetryPolicy,
     ShortRead,
-    chain,
     classify,
     pause,
-    status_of,
+    remote_error,
     stopped,
     with_timeout,
 )
-from ._signed import has_secret, is_signed
+from ._signed import has_secret
 
 # Extras that provide each protocol, for the install hint when one is missing.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
@@ -338,7 +337,7 @@ class Store:
                 kind = "transient" if isinstance(exc, FutureTimeout) else classify(exc)
                 if kind == "fatal" or attempt + 1 == policy.attempts:
                     url = self.url(path)
-                    error = _remote_error(url, exc, attempt + 1, kind)
+                    error = remote_error(url, exc, attempt + 1, kind)
                     if has_secret(url):  # the cause's text holds the secret: its
                         raise error from None  # gist is in the (redacted) message already
                     raise error from exc
@@ -355,35 +354,6 @@ class Store:
             self.stats.concurrency = self.limiter.limit
             return data
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exception:
-    status = status_of(exc)
-    if status == 412:  # If-Match: another version than the dataset opened
-        return RemoteIOError(
-            f"{url}: the object was replaced since the dataset was opened (the server has "
-            "another version: 412 Precondition Failed); open the dataset again")
-    # fsspec's HTTP filesystem raises a 403 as FileNotFoundError, and a 403 mid-read as
-    # aiohttp's own error: told "no such object", never that a signed URL may have expired
-    # (found in review)
-    if isinstance(exc, FileNotFoundError) and kind == "fatal" and status not in (401, 403):
-        return DatasetNotFoundError(f"{url}: no such object ({exc})")
-    if (isinstance(exc, PermissionError) or status in (401, 403)) and kind == "fatal":
-        expired = "; a signed URL may have expired: sign it again" if is_signed(url) else ""
-        # s3fs's PermissionError says "None", its cause why; fsspec's HTTP FileNotFoundError
-        # says the URL again, its cause the status
-        said = next((str(e) for e in chain(exc) if str(e) not in ("", "None")
-                     and " " in str(e).strip()), f"HTTP {status}" if status else
-                    type(exc).__name__)
-        return RemoteIOError(f"{url}: access denied ({said}); check the credentials in "
-                             f"storage_options{expired}")
-    if kind == "fatal":
-        hint = ("; pass credentials in storage_options (e.g. key=, secret=), or anon=True "
-                "for a public bucket") if "Credentials" in type(exc).__name__ else ""
-        return RemoteIOError(f"{url}: {type(exc).__name__}: {exc}{hint}")
-    return RemoteIOError(f"{url}: gave up after {attempts} attempts; last error "
-                         f"{type(exc).__name__}: {exc}. Raise RetryPolicy(attempts=...) or "
-                         "lower the concurrency if the store is throttling")
 
 
 def _hint(protocol: str) -> str:

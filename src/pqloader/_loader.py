@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.utils.data
 
 from ._agree import Agreement, built_at
-from ._audit import AuditLog, batch_rows, plan_name
+from ._audit import AuditLog, plan_name
 from ._autotune import ThreadTuner, TunerReport
 from ._config import LoaderConfig, WorkerConfig, WorkerType, resolve_num_workers
 from ._deliver import Delivery, OncePerIndex
@@ -23,6 +23,7 @@ from ._errors import (
 )
 from ._plan import RankPlan
 from ._processes import ProcessDelivery
+from ._remainder import dealt_origin
 from ._state import PER_RANK, Cursor, check_own, make_state, read_state
 from ._torch import Planner
 from ._world import check_world, resolve_world
@@ -285,13 +286,14 @@ class DataLoader:
             if cursor.origin is None:
                 origin = None
             elif {"own", "shares"} & set(cursor.origin):
-                origin = _dealt(cursor.origin, current)
+                origin = dealt_origin(cursor.origin, current)
             else:  # saved before either: dealt as then, as a rank of the state's settings
                 origin = {**cursor.origin, "recut": True}  # deals it (found in review)
             batches = 0
         else:
-            origin = _dealt({"settings": dict(cursor.settings), "batches": cursor.batches,
-                             "resumed_from": cursor.origin}, current)
+            origin = dealt_origin({"settings": dict(cursor.settings),
+                                   "batches": cursor.batches, "resumed_from": cursor.origin},
+                                  current)
             batches = 0
         planner.origin = None if origin is None else (cursor.epoch, origin)
         self._processes.forget()  # persistent worker processes must see the new plan
@@ -338,18 +340,7 @@ class DataLoader:
                 memory.warn_if_over()
             if self._audit is not None:
                 batch, rows = batch
-                # the rows read are recorded: those a transform left out or repeated passed
-                # for delivered once (found in review); such a batch is told, and unchecked
-                n = batch_rows(batch)
-                reshaped = n is not None and n != len(rows)
-                self._audit.record(epoch, k - 1, rows, named, n if reshaped else None)
-                if reshaped and not self._audit.warned:
-                    self._audit.warned = True
-                    warnings.warn(
-                        f"audit_dir: a batch of {len(rows):,} rows left transform/collate_fn "
-                        f"with {n:,}: the audit records the rows read for each batch, not those "
-                        "a transform keeps, repeats or packs; it reports such batches as "
-                        "unchecked", RuntimeWarning, stacklevel=2)
+                self._audit.record(epoch, k - 1, rows, named, made=batch)
             if self._passes == this_pass and self._epoch == epoch:
                 self._batches = k  # counted before the caller has it: a state now excludes it
             yield batch
@@ -407,12 +398,3 @@ class DataLoader:
         finally:
             delivery.close()
 
-
-def _dealt(origin: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-    """``origin`` (an old plan's settings and cursor) to be dealt out under ``current``: the
-    old windows cut to the new size, and with the same ranks and batch size each rank's own
-    rows left (beside ranks that resume exactly: ``own_remaining``), else each rank's share
-    of them (``rank_share``)."""
-    out = {k: v for k, v in origin.items() if k not in ("own", "shares")}
-    same = all(origin["settings"][k] == current[k] for k in ("world_size", "batch_size"))
-    return {**out, "recut": True, "own" if same else "shares": True}

@@ -9,6 +9,9 @@ so no delivered row can come back. Pure, like ``_plan.py``: no IO, no torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from ._plan import (
@@ -221,3 +224,13 @@ def _cut(segments: list[Segment], begin: int, end: int) -> tuple[Segment, ...]:
         Segment(segments[i].window, segments[i].start + off, segments[i].start + off + n)
         for _, i, off, n in walk(begin, end, bounds)
     )
+
+
+def dealt_origin(origin: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """``origin`` (an old plan's settings and cursor) to be dealt out under ``current``: the
+    old windows cut to the new size, and with the same ranks and batch size each rank's own
+    rows left (beside ranks that resume exactly: ``own_remaining``), else each rank's share
+    of them (``rank_share``)."""
+    out = {k: v for k, v in origin.items() if k not in ("own", "shares")}
+    same = all(origin["settings"][k] == current[k] for k in ("world_size", "batch_size"))
+    return {**out, "recut": True, "own" if same else "shares": True}

@@ -4,6 +4,7 @@
 keeps them) into throttled (503 SlowDown, 429), transient (5xx, resets, timeouts) or fatal
 (403, 404, bad requests). :class:`Limiter` caps requests in flight, halving under throttling and
 growing back by one per window of successes. :class:`RetryPolicy` holds the knobs.
+:func:`remote_error` words what a request that failed, or was given up, is told as.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import InvalidArgumentError
+from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
+from ._signed import is_signed
 
-__all__ = ["Limiter", "RangeIgnored", "RetryPolicy", "ShortRead", "classify", "with_timeout"]
+__all__ = ["Limiter", "RangeIgnored", "RetryPolicy", "ShortRead", "classify", "remote_error",
+           "with_timeout"]
 
 
 class ShortRead(ConnectionError):
@@ -239,3 +242,33 @@ def with_timeout(fn: Callable[[], Any], timeout_s: float,
     if error:
         raise error[0]
     return result[0]
+
+
+def remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exception:
+    """What a request that failed (``kind``, after ``attempts``) is told as, naming ``url``."""
+    status = status_of(exc)
+    if status == 412:  # If-Match: another version than the dataset opened
+        return RemoteIOError(
+            f"{url}: the object was replaced since the dataset was opened (the server has "
+            "another version: 412 Precondition Failed); open the dataset again")
+    # fsspec's HTTP filesystem raises a 403 as FileNotFoundError, and a 403 mid-read as
+    # aiohttp's own error: told "no such object", never that a signed URL may have expired
+    # (found in review)
+    if isinstance(exc, FileNotFoundError) and kind == "fatal" and status not in (401, 403):
+        return DatasetNotFoundError(f"{url}: no such object ({exc})")
+    if (isinstance(exc, PermissionError) or status in (401, 403)) and kind == "fatal":
+        expired = "; a signed URL may have expired: sign it again" if is_signed(url) else ""
+        # s3fs's PermissionError says "None", its cause why; fsspec's HTTP FileNotFoundError
+        # says the URL again, its cause the status
+        said = next((str(e) for e in chain(exc) if str(e) not in ("", "None")
+                     and " " in str(e).strip()), f"HTTP {status}" if status else
+                    type(exc).__name__)
+        return RemoteIOError(f"{url}: access denied ({said}); check the credentials in "
+                             f"storage_options{expired}")
+    if kind == "fatal":
+        hint = ("; pass credentials in storage_options (e.g. key=, secret=), or anon=True "
+                "for a public bucket") if "Credentials" in type(exc).__name__ else ""
+        return RemoteIOError(f"{url}: {type(exc).__name__}: {exc}{hint}")
+    return RemoteIOError(f"{url}: gave up after {attempts} attempts; last error "
+                         f"{type(exc).__name__}: {exc}. Raise RetryPolicy(attempts=...) or "
+                         "lower the concurrency if the store is throttling")

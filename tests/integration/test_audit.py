@@ -57,6 +57,15 @@ def test_ranks_together_are_exactly_once(make_dataset: Any, tmp_path: Path,
     assert "batches per rank/worker: 0/0: 5, 0/1: 5, 1/0: 5, 1/1: 5, 2/0: 5, 2/1: 5" in out, out
 
 
+def _resume_everywhere(ds: pqloader.ParquetDataset, state: dict[str, Any], *,
+                       world_size: int, **options: Any) -> None:
+    """Every rank of a new world resumes ``state`` and delivers the rest of its epoch."""
+    for rank in range(world_size):
+        loader = pqloader.DataLoader(ds, rank=rank, world_size=world_size, **options)
+        loader.load_state_dict(state)
+        list(loader)
+
+
 def test_the_padding_that_evens_ranks_is_no_duplicate(make_dataset: Any, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """1,001 rows over 3 ranks of 334: 1 row comes twice so that every rank yields 11 batches,
@@ -86,11 +95,7 @@ def test_the_padding_of_an_epoch_resumed_in_another_world_is_no_duplicate(
         for k, _ in enumerate(loader):
             if k == 3:  # 4 batches of 5: rank 3's padding among them
                 break
-    state = old[0].state_dict()
-    for rank in range(3):
-        new = pqloader.DataLoader(ds, batch_size=7, rank=rank, world_size=3, **options)
-        new.load_state_dict(state)
-        list(new)
+    _resume_everywhere(ds, old[0].state_dict(), batch_size=7, world_size=3, **options)
     (report,) = pqloader.audit(tmp_path)
     assert (report.padding, report.duplicates, report.missing) == (4, 0, 0)
     assert report.exactly_once
@@ -317,10 +322,7 @@ def test_padding_may_bring_a_row_three_times(make_dataset: Any, tmp_path: Path) 
     next(it)
     next(it)
     state = first.state_dict()  # 1 row left
-    for rank in range(3):
-        loader = pqloader.DataLoader(ds, batch_size=500, rank=rank, world_size=3, **kw)
-        loader.load_state_dict(state)
-        list(loader)
+    _resume_everywhere(ds, state, batch_size=500, world_size=3, **kw)
     (report,) = pqloader.audit(tmp_path)
     assert (report.duplicates, report.missing, report.padding) == (0, 0, 2)
     assert report.exactly_once

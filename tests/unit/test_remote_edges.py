@@ -483,8 +483,8 @@ def test_clear_waits_for_an_eviction_under_way_and_deletes_everything(tmp_path: 
 
 def test_access_denied_says_why_when_the_error_itself_does_not() -> None:
     """s3fs raises PermissionError(None) from botocore's AccessDenied: "access denied (None)"."""
-    from pqloader._fs import _remote_error
+    from pqloader._retry import remote_error
 
     denied = _raised_from(PermissionError(None), RuntimeError("An error occurred (AccessDenied)"))
-    message = str(_remote_error("s3://b/k", denied, 1, "fatal"))
+    message = str(remote_error("s3://b/k", denied, 1, "fatal"))
     assert "access denied (An error occurred (AccessDenied))" in message, message
