@@ -85,6 +85,8 @@ class ThreadTuner:
         self._batches = 0
         self._last = 0.0  # when the last batch was observed (or an epoch began)
         self._began: float | None = None  # when the current epoch began
+        self._epoch_batches = self._last_epoch_batches = 0  # this epoch's, the last one's
+        self._carried: tuple[float, int] | None = None  # an interval paused at an epoch start
         # the first full interval is the process's cold start (first windows read at once into
         # freshly faulted memory, first calls): not counted. It made the count measured first,
         # 2 threads, look ~2x slower on W3 (measured), and it was dropped.
@@ -97,20 +99,31 @@ class ThreadTuner:
     def restart_interval(self, now: float | None = None) -> None:
         """A new epoch begins.
 
-        After an epoch at least an interval long, the partly measured interval is forgotten
-        and the new epoch's first batches (its first window read) are not counted: which
-        interval holds an epoch's start depends on phase, and counted, it made one count's
-        sample slow and not another's (a review's simulation of W1-like epochs: the right count
-        179 times in 271, against 271). After a shorter epoch, the interval carries on, the
-        epoch's start counted: such epochs are mostly their start (a 50 ms epoch of one window
-        made the rest drain a full queue at 20,000+ batches/s), and restarting each one, no
-        interval ever ended. The caller's time between epochs never counts.
+        After an epoch at least an interval long, the new epoch's first batches (its first
+        window read) are not counted: which interval holds an epoch's start depends on phase,
+        and counted, it made one count's sample slow and not another's (a review's simulation
+        of W1-like epochs: the right count 179 times in 271, against 271). The interval under
+        way is paused meanwhile, and goes on after them: forgotten at each epoch, no interval
+        ended in epochs shorter than the settling and an interval together (10-20 batches: the
+        tuner never settled, found in review). Those first batches are at most half the last
+        epoch's. After a shorter epoch, the interval carries on, the epoch's start counted:
+        such epochs are mostly their start (a 50 ms epoch of one window made the rest drain a
+        full queue at 20,000+ batches/s), and restarting each one, no interval ever ended.
+        The caller's time between epochs never counts.
         """
         now = time.perf_counter() if now is None else now
         short = self._began is not None and self._last - self._began < self.interval_s
-        if not short or self._settling:
-            self._settling = self.settle_batches if not short else 0
+        if self._epoch_batches:
+            self._last_epoch_batches, self._epoch_batches = self._epoch_batches, 0
+        if not short:
+            if self._t0 and not self._settling:  # an interval under way: paused
+                self._carried = (self._last - self._t0, self._batches)
+            start = min(self.settle_batches, max(1, self._last_epoch_batches // 2))
+            self._settling = max(self._settling, start)
             self._t0, self._batches = 0.0, 0  # the next counted batch starts the interval
+        elif self._settling:
+            self._settling, self._carried = 0, None
+            self._t0, self._batches = 0.0, 0
         elif self._t0:
             self._t0 += now - self._last
         self._began = self._last = now
@@ -119,10 +132,12 @@ class ThreadTuner:
         """One more batch delivered; a new thread count to set, or None."""
         now = time.perf_counter() if now is None else now
         self._last = now
+        self._epoch_batches += 1
         if self._settling:
             self._settling -= 1
             if not self._settling:
-                self._t0, self._batches = now, 0
+                elapsed, self._batches = self._carried or (0.0, 0)
+                self._t0, self._carried = now - elapsed, None
             return None
         if self._batches == 0 and self._t0 == 0.0:
             self._t0 = now

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -14,6 +16,7 @@ from tqdm.auto import tqdm
 
 from ._dataset import ParquetDataset
 from ._loader import DataLoader
+from ._memory import release_unused
 
 
 @dataclass(frozen=True)
@@ -27,8 +30,12 @@ class BenchResult:
     # peak), plus the largest peak of its finished children (worker processes): an estimate,
     # not the peak of the whole tree at one moment.
     peak_rss_mib: float
-    epochs: int  # epochs the timed batches came from, the last one maybe in part
+    epochs: int  # epochs the timed batches came from, the first and last maybe in part
     shuffle_window_rows: int = 0  # the loader's window, as set or as chosen for the rows' size
+    # num_workers="auto": the threads it ran at the end, and the count it settled on (None:
+    # still comparing; a run timed then measured several counts)
+    auto_threads: int | None = None
+    auto_settled: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +66,8 @@ def _peak_rss_mib(since_reset: bool) -> float:
 
 
 def bench(dataset: ParquetDataset, *, max_batches: int | None = None, progress: bool | None = None,
-          settle_s: float = 0.0, **loader_options: Any) -> BenchResult:
+          settle_s: float = 0.0, min_seconds: float = 0.0, **loader_options: Any
+          ) -> BenchResult:
     """Iterate one epoch (or ``max_batches``) of ``DataLoader(dataset, **loader_options)``.
 
     ``max_batches`` past one epoch goes on into the next ones (``set_epoch``), as training does:
@@ -67,66 +75,82 @@ def bench(dataset: ParquetDataset, *, max_batches: int | None = None, progress: 
     batch's first tensor so nothing is skipped lazily; no training step, so this is the
     loader's own ceiling. With ``settle_s``, the loader is warmed up first, untimed: as
     many batches as are timed, or with ``num_workers="auto"`` until its tuner settles (at most
-    ``settle_s`` seconds); then a fresh epoch is timed. Without it the clock starts before the
-    loader is built.
+    ``settle_s`` seconds); the timed batches follow on in the same pass, so that an epoch's
+    start (its first window read) weighs on them as it does in training, where it is one of
+    the epoch's batches (a fresh epoch's 200 small batches were mostly its first window's read:
+    ``tune`` ranked the fastest setting 9th at batch 64, found in review). Without it the
+    clock starts before the loader is built. With ``min_seconds``, batches go on past
+    ``max_batches`` until that long is timed: short runs time the batches cut from a window
+    already read more than the reads (200 batches of 64 rows are 5 ms, a few percent of one
+    window), long ones the mix training sees.
     """
+    gc.collect()  # what an earlier run in this process left, given back: not in this peak
+    release_unused()
     reset = _reset_peak()
     start = time.perf_counter()
     loader = DataLoader(dataset, **loader_options)
     total = len(loader) if max_batches is None or not len(loader) else max_batches
     first: float | None = None
     settled = settle_s > 0
+    going: Iterator[Any] | None = None  # the warm-up's pass, where the timed batches go on
     if settled:
-        first = _warm_up(loader, total, settle_s, start)
+        first, going = _warm_up(loader, total, settle_s, start)
     show = sys.stderr.isatty() if progress is None else progress
     rows = batches = epochs = 0
     timed = time.perf_counter()
     with tqdm(total=total, unit="batch", disable=not show, desc="pqloader bench") as bar:
-        while batches < total:
-            if epochs:
-                loader.set_epoch(loader.epoch + 1)
+        while batches < total or time.perf_counter() - timed < min_seconds:
+            fresh = going is None
+            if going is None:
+                if epochs or settled:
+                    loader.set_epoch(loader.epoch + 1)
+                going = iter(loader)
             epochs += 1
             before = batches
-            for batch in loader:
+            for batch in going:
                 if first is None:
                     first = time.perf_counter() - start
                 rows += _rows_of(batch)
                 batches += 1
                 bar.update(1)
-                if batches >= total:
+                if batches >= total and time.perf_counter() - timed >= min_seconds:
                     break
-            if batches == before:  # an epoch with no batches: the next ones would loop forever
-                break
+            else:
+                going = None
+            if fresh and batches == before:  # an epoch with no batches: the next ones would
+                break  # loop forever
     if loader.device is not None:  # copies to the device run ahead of the loop: wait for them
         torch.cuda.synchronize(loader.device)
     seconds = time.perf_counter() - (timed if settled else start)
+    report = loader.autotune
     return BenchResult(rows, batches, seconds, first, rows / seconds if seconds else 0.0,
-                       _peak_rss_mib(reset), epochs, loader._planner.window_rows)
+                       _peak_rss_mib(reset), epochs, loader._planner.window_rows,
+                       None if report is None else report.threads,
+                       None if report is None else report.settled)
 
 
-def _warm_up(loader: DataLoader, batches: int, seconds: float, start: float) -> float | None:
+def _warm_up(loader: DataLoader, batches: int, seconds: float, start: float
+             ) -> tuple[float | None, Iterator[Any] | None]:
     """Draw ``batches`` batches untimed, or with a tuner until it settles, for at most
-    ``seconds``; set the next epoch for the timed part. Returns when the first batch came (since
-    ``start``)."""
+    ``seconds``. Returns when the first batch came (since ``start``), and the pass it stopped
+    in (None: it stopped at an epoch's end)."""
     deadline = time.perf_counter() + seconds
     first: float | None = None
     drawn = 0
     for epoch in itertools.count():
         loader.set_epoch(epoch)
-        for _ in loader:
+        going = iter(loader)
+        for _ in going:
             drawn += 1
             if first is None:
                 first = time.perf_counter() - start
             report = loader.autotune
             done = drawn >= batches if report is None else report.settled is not None
             if done or time.perf_counter() > deadline:
-                break
-        else:
-            if first is not None and time.perf_counter() <= deadline:
-                continue  # the epoch ended: another one
-        loader.set_epoch(epoch + 1)
-        break
-    return first
+                return first, going
+        if first is None or time.perf_counter() > deadline:
+            return first, None  # (no batch at all: an empty epoch)
+    raise AssertionError("unreachable")
 
 
 def _rows_of(batch: Any) -> int:
@@ -138,10 +162,12 @@ def _rows_of(batch: Any) -> int:
 
 def tune(dataset: ParquetDataset, *, batch_size: int, max_batches: int = 200, repeats: int = 2,
          candidates: list[dict[str, Any]] | None = None, settle_s: float = 30.0,
-         **loader_options: Any) -> list[tuple[dict[str, Any], BenchResult]]:
+         trial_s: float = 2.0, **loader_options: Any
+         ) -> list[tuple[dict[str, Any], BenchResult]]:
     """Measure ``candidates`` (loader settings) on ``dataset``, best first.
 
-    Each candidate runs ``repeats`` times for ``max_batches`` batches, interleaved with the
+    Each candidate runs ``repeats`` times for ``max_batches`` batches and at least ``trial_s``
+    seconds (``bench``'s ``min_seconds``: windows read and cut alike), interleaved with the
     others so that the machine's noise hits them alike; its median run counts. Each loader is
     warmed up first (``bench``'s ``settle_s``), so that ``num_workers="auto"``, among the
     default candidates, is timed once its tuner has settled, and every candidate alike from a
@@ -158,7 +184,8 @@ def tune(dataset: ParquetDataset, *, batch_size: int, max_batches: int = 200, re
             if not options.get("num_workers"):
                 options.pop("prefetch_factor", None)
             runs[i].append(bench(dataset, batch_size=batch_size, max_batches=max_batches,
-                                 progress=False, settle_s=settle_s, **options))
+                                 progress=False, settle_s=settle_s, min_seconds=trial_s,
+                                 **options))
     medians = [sorted(r, key=lambda x: x.rows_per_s)[len(r) // 2] for r in runs]
     ranked = sorted(zip(candidates, medians, strict=True), key=lambda cr: -cr[1].rows_per_s)
     return ranked

@@ -10,6 +10,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -28,6 +29,9 @@ from ._convert import (
 )
 from ._guesses import column_type
 from ._inspect import inspect_dataset, print_inspect
+
+if TYPE_CHECKING:
+    from ._bench import BenchResult
 
 _BATCH_HELP = "rows per batch (default: 4,096, or fewer to keep a batch under 64 MiB decoded)"
 _WRITE_DEFAULTS = {name: p.default  # one source of truth: write_dataset's own defaults
@@ -150,11 +154,21 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               + ("no batch" if result.first_batch_s is None else
                  f"first batch after {result.first_batch_s:.2f} s") + "; peak RSS "
               f"~{result.peak_rss_mib:,.0f} MiB "
-              f"({args.num_workers} {args.worker_type} workers, "
+              f"({args.num_workers} {args.worker_type} workers{_auto(result)}, "
               f"{'no shuffle' if args.no_shuffle else 'shuffled'}, shuffle window "
               f"{result.shuffle_window_rows:,} rows"
               f"{f', to {args.device}' if args.device else ''})")
     return 0
+
+
+def _auto(result: BenchResult) -> str:
+    """What num_workers="auto" ran at: a run timed while its tuner still compared counts
+    measured several (the tuner's report was not shown: found in review)."""
+    if result.auto_threads is None:
+        return ""
+    if result.auto_settled is None:
+        return f" (still comparing thread counts, at {result.auto_threads} at the end)"
+    return f" (settled on {result.auto_settled} threads)"
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -165,7 +179,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise CommandFailure(f"{args.path}: no rows to measure; tune a dataset that has rows")
     args.batch_size = args.batch_size or default_batch_size(ds)
     ranked = tune(ds, batch_size=args.batch_size, max_batches=args.max_batches,
-                  repeats=args.repeats, settle_s=args.settle_s, shuffle=not args.no_shuffle)
+                  repeats=args.repeats, settle_s=args.settle_s, trial_s=args.trial_s,
+                  shuffle=not args.no_shuffle)
     if args.json:
         print(json.dumps([{**settings, **result.as_dict()} for settings, result in ranked]))
         return 0
@@ -177,6 +192,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
               f"{result.rows_per_s:>12,.0f} {result.rows_per_s / best:>7.2f} "
               f"{result.first_batch_s or 0.0:>8.2f} "  # (tune refuses a dataset of no row)
               f"{result.peak_rss_mib:>9,.0f}")
+    for settings, result in ranked:
+        if settings["num_workers"] == "auto":
+            print(f"auto:{_auto(result)}")
     top = {"batch_size": args.batch_size, "shuffle": not args.no_shuffle, **ranked[0][0]}
     opened = "" if args.columns is None else \
         f"  (ds = ParquetDataset(..., columns={args.columns!r}))"
@@ -215,6 +233,12 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 def _positive_int(text: str) -> int:
     if not text.strip().replace("_", "").isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _whole(text: str) -> int:
+    if not text.strip().replace("_", "").isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
     return int(text)
 
 
@@ -284,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--device", metavar="DEV",
                     help="deliver batches to this CUDA device (e.g. cuda), as DataLoader(device=)")
     be.add_argument("--no-shuffle", action="store_true", help="read in file order")
-    be.add_argument("--seed", type=int, default=0)
+    be.add_argument("--seed", type=_whole, default=0)
     be.add_argument("--max-batches", type=_positive_int, metavar="N",
                     help="stop after N batches, going on into later epochs past the first "
                     "(default: one epoch)")
@@ -298,7 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--batch-size", type=_positive_int, metavar="N", help=_BATCH_HELP)
     tu.add_argument("--no-shuffle", action="store_true", help="read in file order")
     tu.add_argument("--max-batches", type=_positive_int, default=200, metavar="N",
-                    help="batches per trial (default: %(default)s)")
+                    help="batches per trial at least (default: %(default)s)")
+    tu.add_argument("--trial-s", type=_seconds, default=2.0, metavar="S",
+                    help="seconds per trial at least, batches going on past --max-batches: "
+                    "a short trial times batches cut from windows already read, not the reads "
+                    "(default: %(default)s)")
     tu.add_argument("--repeats", type=_positive_int, default=2, metavar="N",
                     help="trials per setting, interleaved; the median counts")
     tu.add_argument("--settle-s", type=_seconds, default=30.0, metavar="S",

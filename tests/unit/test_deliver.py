@@ -359,6 +359,27 @@ def test_tuner_leaves_out_long_epochs_starts() -> None:
     assert tuner.report.settled == 2, tuner.report
 
 
+def test_tuner_settles_over_epochs_of_few_batches() -> None:
+    """Epochs of 12 batches, a second or more each, with 8 threads to compare (16 batches to
+    settle): the interval measured was forgotten at every epoch and the settling armed again,
+    and none ended: the tuner never settled (found in review). Paused over each epoch's
+    start, intervals span epochs, and the fastest count (3 threads here) is found."""
+    rates = {t: 8.0 + t for t in range(4)} | {t: 11.0 - (t - 3) for t in range(4, 9)}
+    tuner = ThreadTuner(8, interval_s=0.5, settle_batches=16)
+    now = 0.0
+    epochs = 0
+    while tuner.report.settled is None and epochs < 300:
+        tuner.restart_interval(now)
+        now += 0.3  # the first window
+        for _ in range(12):
+            now += 1.0 / rates[tuner.threads]
+            tuner.observe(now)
+        now += 1.0  # the caller's evaluation
+        epochs += 1
+    assert tuner.report.settled == 3, tuner.report
+    assert epochs < 150
+
+
 def test_tuner_restarted_twice_without_a_batch_counts_no_pause() -> None:
     """A pass that yields nothing (resumed at an epoch's end): its restart moved the interval's
     start by the pause before it a second time, into the future, and the next interval's rate
