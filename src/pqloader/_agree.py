@@ -26,8 +26,9 @@ Not told: ranks whose only pass ends before rank 0 publishes; rank 0 if its last
 the others compare (each rank that differs is told); the epoch and the cursor (a rank may peek at
 a batch before training). ``ds.to_torch()`` is checked in the process that holds it, never in
 torch's workers: at ``set_epoch`` and ``len()``, and at each batch it makes itself
-(``num_workers=0``); under torch's workers a rank is told at its next ``set_epoch`` or ``len()``
-once rank 0 has published. If the process that holds the store (rank 0's, under
+(``num_workers=0``). Its rank 0 publishes as it is built, and the other ranks' first look waits
+for that (up to ``FIRST_WAIT_S``, then warned of): under torch's workers no later look may come
+within the epoch. If the process that holds the store (rank 0's, under
 ``init_method="tcp://"``) is stopped, a look waits as a collective would.
 """
 
@@ -40,6 +41,7 @@ import os
 import sys
 import time
 import uuid
+import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -50,6 +52,8 @@ from ._world import World
 POLL_S = 0.2  # the first looks' interval; a look is a round trip to the store (~0.07 ms)
 MAX_POLL_S = 5.0  # while nothing changes, the interval doubles up to this
 STALE_S = 30.0  # clock skew allowed between nodes when telling this run's values from older
+FIRST_WAIT_S = 30.0  # how long a rank's first look at a to_torch() waits for rank 0's plan
+WAIT_POLL_S = 0.02
 _BUILT: defaultdict[str, Iterator[int]] = defaultdict(itertools.count)  # per place built
 _OFF = "PQLOADER_CHECK_RANKS=0 turns this check off"
 _LOADED = time.time()
@@ -72,6 +76,7 @@ class Agreement:
         self._alike: dict[str, Any] = {}  # settings ranks may differ in (see alike())
         self._known: bool | None = None  # alike()'s answer, once known
         self.compared = False  # whether the ranks are compared through the store at all
+        self._waited = False  # wait_for_rank0() ran
         group = _group()
         if group is None or group[1] != world.world_size or world.world_size < 2:
             return
@@ -126,6 +131,30 @@ class Agreement:
         if told is not None:
             self._told, self._polling = told, False
             raise InvalidArgumentError(told)
+
+    def wait_for_rank0(self, seconds: float) -> None:
+        """A rank but 0, at its first look: compare now, waiting up to ``seconds`` for rank 0
+        to publish (warned of past them; compared at a later look then). For ``to_torch()``
+        under torch's workers, whose ranks look only at ``set_epoch`` and ``len()``: looking
+        without waiting, a rank that got there before rank 0 (rank 0 setting up its logging)
+        ran its epoch unchecked, rows repeated and lost, or its batch count differing until
+        a collective timed out (found in review)."""
+        if not self._polling or self._world.rank == 0 or self._waited:
+            return
+        self._waited = True
+        deadline = time.monotonic() + seconds
+        while True:
+            self.poll(now=True)  # raises if this rank differs
+            if not self._polling:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(WAIT_POLL_S)
+        warnings.warn(
+            f"rank {self._world.rank}: rank 0 has not published its plan of the loader built "
+            f"at {self._where} within {seconds:g} s, so whether the ranks plan alike is not "
+            "known yet (it is looked at again at the next set_epoch or len()); build the "
+            f"loader at the same place on every rank. {_OFF}", RuntimeWarning, stacklevel=4)
 
     def _done(self) -> None:
         self._polling, self._key = False, ""  # once per loader

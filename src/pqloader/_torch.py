@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
-from ._agree import Agreement, built_at
+from ._agree import FIRST_WAIT_S, Agreement, built_at
 from ._collate import column_kinds
 from ._config import LoaderConfig
 from ._errors import InvalidArgumentError, StateMismatchError, check_positive
@@ -283,8 +283,10 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         self._planner = Planner(dataset, config)
         self._cursor = SharedCursor()
         # do the ranks plan alike? (_agree.py) Asked in this process, never in torch's
-        # workers: at set_epoch and len(), and while it iterates here (num_workers=0)
+        # workers: at set_epoch and len(), and while it iterates here (num_workers=0). Rank 0
+        # publishes now, and the others' first look waits for it
         self._agreement: Agreement | None = Agreement(config.world, built_at(2))
+        self._agreement.begin(self._planner.agreed())
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled in the parent for spawn and forkserver workers, where the process group
@@ -296,6 +298,7 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
     def _check_ranks(self, *, now: bool) -> None:
         if self._agreement is not None:
             self._agreement.begin(self._planner.agreed())
+            self._agreement.wait_for_rank0(FIRST_WAIT_S)
             self._agreement.poll(now=now)
 
     @classmethod

@@ -48,11 +48,12 @@ def _rank(rank: int, port: int, case: str, source: str, out: str) -> None:
                             world_size=WORLD)
     files = sorted(str(f) for f in Path(source).glob("*.parquet"))
     kw: dict[str, Any] = {"batch_size": 16, "shuffle": True, "seed": 7, "num_workers": 0}
-    if case.replace("to_torch, ", "").startswith("another file") and rank == 1:
+    base = case.replace("to_torch, ", "")
+    if base.startswith("another file") and rank == 1:
         files = files[:-1]  # listed while the writer was still adding the last
     elif case == "another order" and rank == 1:
         files = files[::-1]  # a list built from a set
-    elif case.startswith("seed per rank"):
+    elif base.startswith("seed per rank"):
         kw["seed"] = 7 + rank
     elif case == "another batch size" and rank == 1:
         kw["batch_size"] = 32
@@ -85,9 +86,25 @@ def _rank(rank: int, port: int, case: str, source: str, out: str) -> None:
             dist.barrier()
             Path(f"{out}.state{rank}").write_text(json.dumps(loader.state_dict()))
             raise pqloader.InvalidArgumentError("")
+        if case == "to_torch, rank 0 builds none":
+            if rank == 1:
+                import warnings
+
+                from pqloader import _torch as torch_module
+                torch_module.FIRST_WAIT_S = 0.5  # type: ignore[misc]
+                kw.pop("num_workers")
+                it = _torch_iterable(files, kw)
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    it.set_epoch(0)
+                    rows += sum(len(b["id"]) for b in it)
+                told = " ".join(str(w.message) for w in seen)
+            raise pqloader.InvalidArgumentError(told)
         if case.startswith("to_torch"):  # torch's DataLoader over ds.to_torch()
             workers = int(case[-1])
             kw.pop("num_workers")
+            if "rank 0 late" in case and rank == 0:
+                time.sleep(1.0)  # its logging set up first, say
             it = _torch_iterable(files, kw)
             for epoch in range(3):
                 it.set_epoch(epoch)
@@ -158,6 +175,29 @@ def test_to_torch_ranks_that_plan_differently_are_told(make_dataset: Any, tmp_pa
     assert "rank 1 has 3 files of 750 rows, rank 0 4 files of 1,000 rows" in second["told"]
     assert second["rows"] <= 375, second  # the first epoch at most
     assert first["told"] == "" or told in first["told"], first
+
+
+def test_to_torch_ranks_are_told_before_their_first_epoch_when_rank_0_is_late(
+        make_dataset: Any, tmp_path: Path) -> None:
+    """Rank 0 built its loader a second after rank 1 reached set_epoch(0): rank 1 looked
+    once, found nothing, and under torch's workers looked again only at the next set_epoch:
+    a single-pass run (LLM pretraining) with seed=base + rank repeated and lost rows, never
+    told (found in review). Rank 1's first look now waits for rank 0's plan."""
+    source = make_dataset(1000, rows_per_file=250, row_group_size=50)
+    first, second = _run("to_torch, seed per rank, rank 0 late, 2", source, tmp_path / "out")
+    told = f"rank 1 plans the loader built at {TORCH_BUILT_AT} differently from rank 0"
+    assert told in second["told"] and "rank 1 has seed=8, rank 0 seed=7" in second["told"]
+    assert second["rows"] == 0, second  # told at set_epoch(0), before any row
+    assert first["told"] == "" or told in first["told"], first
+
+
+def test_to_torch_rank_0_that_builds_no_loader_is_waited_for_a_while(
+        make_dataset: Any, tmp_path: Path) -> None:
+    source = make_dataset(1000, rows_per_file=250, row_group_size=50)
+    _, second = _run("to_torch, rank 0 builds none", source, tmp_path / "out")
+    assert second["rows"] == 500, second  # its epoch, unchecked, after the warning
+    assert second["told"].startswith("rank 1: rank 0 has not published its plan of the loader "
+                                     f"built at {TORCH_BUILT_AT} within 0.5 s"), second
 
 
 def test_a_rank_given_local_rank_is_told(make_dataset: Any, tmp_path: Path) -> None:
