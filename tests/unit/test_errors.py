@@ -402,7 +402,8 @@ def test_timeout(make_dataset: Any, mode: dict[str, Any]) -> None:
     assert isinstance(exc, pqloader.LoaderTimeoutError)
     assert isinstance(exc, TimeoutError)
     assert "timeout" in str(exc)
-    assert elapsed < 2.0, f"LoaderTimeoutError came after {elapsed:.1f} s, not ~0.5 s"
+    assert elapsed < 2.5, f"LoaderTimeoutError came after {elapsed:.1f} s, not ~0.5 s"
+    # (below the transform's 3 s a batch: ~0.5 s, with a fork's start on a loaded machine)
 
 
 def test_timeout_threads_eventually_raises(make_dataset: Any) -> None:

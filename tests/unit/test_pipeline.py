@@ -136,8 +136,10 @@ def test_read_ahead_under_a_budget_waits_for_room_past_the_first_window(ahead: i
 
     loads = read_ahead(lambda s: s, list(range(6)), memory=Budget(),  # type: ignore[arg-type]
                        need_bytes=lambda segment: 1, ahead=ahead)
-    for _ in loads:
-        time.sleep(0.01)  # the reads ahead ask while the consumer holds a window
+    for i, _ in enumerate(loads):  # the reads ahead ask while the consumer holds a window
+        deadline = time.monotonic() + 10  # (a sleep of 10 ms: a thread started later, under
+        while len(waited) < min(i + 1 + ahead, 6) and time.monotonic() < deadline:  # load,
+            time.sleep(0.001)  # asked after its window was needed, 13 times in 40)
     assert waited[0] and not any(waited[1:])  # with one ahead, every read was "needed"
 
 
