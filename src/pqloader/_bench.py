@@ -170,8 +170,8 @@ def tune(dataset: ParquetDataset, *, batch_size: int, max_batches: int = 200, re
     seconds (``bench``'s ``min_seconds``: windows read and cut alike), interleaved with the
     others so that the machine's noise hits them alike; its median run counts. Each loader is
     warmed up first (``bench``'s ``settle_s``), so that ``num_workers="auto"``, among the
-    default candidates, is timed once its tuner has settled, and every candidate alike from a
-    fresh epoch of a warm loader.
+    default candidates, is timed once its tuner has settled, and every candidate alike from
+    where its warm-up stopped.
     """
     if candidates is None:  # (0 workers: no prefetch, the caller makes each batch)
         candidates = [{"num_workers": 0}, *({"num_workers": n, "prefetch_factor": p}
