@@ -32,10 +32,11 @@ from ._footers import (
 from ._fs import ObjectInfo, Store
 from ._int96 import file_schema
 from ._manifest import match_manifest, read_manifest
-from ._schema import hive_partition, partition_schema, typed_first, unify, unviewed
+from ._schema import hive_partition, partition_schema, typed_first, unify
 from ._signed import redact
 from ._sizes import RowBytes, file_rows, fragment_bytes
 from ._sources import expand_source, list_remote
+from ._views import unviewed
 from ._widen import common_number, widened_bytes
 
 _MAX_FOOTER_THREADS = 32

@@ -36,8 +36,9 @@ from ._int96 import READ as INT96
 from ._int96 import file_schema
 from ._rangefile import RangeFile
 from ._ranges import coalesce
-from ._schema import same_type, unviewed
+from ._schema import same_type
 from ._sizes import leaf_count
+from ._views import plain, unviewed
 from ._widen import fits
 
 PARALLEL_FRAGMENTS = 8  # remote fragments of one window fetched at once
@@ -263,8 +264,9 @@ class FragmentReader:
     def _finish(self, fragment: int, table: pa.Table) -> pa.Table:
         """A fragment's rows as read, made the dataset's (``conform``)."""
         file_index = int(self._d.file_index[fragment])
-        if (plain := self._plain(file_index, table.schema)) is not None:  # string_view
-            table = table.cast(plain)  # (no take, filters or collation for views)
+        if (schema := self._plain(file_index, table.schema)) is not None:  # string_view
+            table = plain(table, schema, self._d.where(fragment))  # (no take, filters or
+            # collation for views)
         return conform(self._d, fragment, table, self._partitions)
 
     def _plain(self, file_index: int, schema: pa.Schema) -> pa.Schema | None:

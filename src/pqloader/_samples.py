@@ -192,7 +192,7 @@ def measure(handle: pq.ParquetFile, row_group: int, leaves: dict[str, int]
         t = values[0].type.value_type if values and pa.types.is_dictionary(values[0].type) \
             else values[0].type if values else pa.string()
         width = 4 if pa.types.is_string(t) or pa.types.is_binary(t) else 8  # views are read
-        # as large strings (_schema.unviewed)
+        # as large strings (_views.unviewed)
         chunk = rg.column(leaf)
         out[path] = Sample(sum(map(_value_bytes, values)) / max(1, present(chunk)), width,
                            chunk_reference(chunk))

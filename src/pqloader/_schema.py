@@ -155,15 +155,6 @@ def _looser_field(a: pa.Field, b: pa.Field) -> pa.Field:
     return a.with_type(looser(a.type, b.type)).with_nullable(a.nullable or b.nullable)
 
 
-def unviewed(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with string and binary views (``string_view``: what pyarrow and Polars may
-    write) as ``large_string`` and ``large_binary``, at any depth: what pqloader reads them
-    into (Arrow's take, filters and the collation have no kernels for views)."""
-    if not any(_has_view(t) for t in schema.types):
-        return schema
-    return pa.schema([f.with_type(_unview(f.type)) for f in schema], metadata=schema.metadata)
-
-
 def holds(t: pa.DataType, test: Callable[[pa.DataType], bool]) -> bool:
     """Whether ``t``, or a type in its lists, structs, maps or dictionary, passes ``test``."""
     if test(t):
@@ -173,41 +164,34 @@ def holds(t: pa.DataType, test: Callable[[pa.DataType], bool]) -> bool:
     return any(holds(t.field(i).type, test) for i in range(t.num_fields))
 
 
-def _is_view(t: pa.DataType) -> bool:
-    return bool(pa.types.is_string_view(t) or pa.types.is_binary_view(t))
-
-
-def _has_view(t: pa.DataType) -> bool:
-    return holds(t, _is_view)
-
-
-def _unview(t: pa.DataType) -> pa.DataType:
-    if not _has_view(t):
-        return t
-    return rebuilt(t, lambda u: pa.large_string() if pa.types.is_string_view(u) else
-                   pa.large_binary() if pa.types.is_binary_view(u) else u)
-
-
 def rebuilt(t: pa.DataType, leaf: Callable[[pa.DataType], pa.DataType]) -> pa.DataType:
     """``t`` with ``leaf`` applied to each type in it without children, at any depth (a
     struct's fields, a list's values, a map's keys and items, a dictionary's values); names,
     nullability and the rest kept."""
+    if pa.types.is_dictionary(t) or t.num_fields:
+        return with_children(t, lambda child: rebuilt(child, leaf))
+    return leaf(t)
+
+
+def with_children(t: pa.DataType, child: Callable[[pa.DataType], pa.DataType]
+                   ) -> pa.DataType:
+    """``t`` with ``child`` applied to the type of each of its children (one level)."""
     if pa.types.is_dictionary(t):
-        return pa.dictionary(t.index_type, rebuilt(t.value_type, leaf), t.ordered)
+        return pa.dictionary(t.index_type, child(t.value_type), t.ordered)
     if pa.types.is_struct(t):
-        return pa.struct([f.with_type(rebuilt(f.type, leaf)) for f in t])
+        return pa.struct([f.with_type(child(f.type)) for f in t])
     if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(rebuilt(t.key_type, leaf)),
-                       t.item_field.with_type(rebuilt(t.item_type, leaf)), t.keys_sorted)
+        return pa.map_(t.key_field.with_type(child(t.key_type)),
+                       t.item_field.with_type(child(t.item_type)), t.keys_sorted)
     if pa.types.is_fixed_size_list(t):
-        return pa.list_(t.value_field.with_type(rebuilt(t.value_type, leaf)), t.list_size)
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(rebuilt(t.value_type, leaf)))
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(rebuilt(t.value_type, leaf)))
-    if t.num_fields == 0:
-        return leaf(t)
-    return t  # list views, unions...: left as they are, refused or passed on as before
+        return pa.list_(t.value_field.with_type(child(t.value_type)), t.list_size)
+    kinds = ((pa.types.is_large_list, pa.large_list), (pa.types.is_list, pa.list_),
+             (pa.types.is_list_view, pa.list_view),
+             (pa.types.is_large_list_view, pa.large_list_view))
+    for test, make in kinds:
+        if test(t):
+            return make(t.value_field.with_type(child(t.value_type)))
+    return t  # unions...: left as they are, refused or passed on as before
 
 
 def field_index(schema: pa.Schema, name: str, path: str) -> int:

@@ -1,0 +1,82 @@
+"""Views (``string_view``, ``binary_view``, ``list_view``: what pyarrow and Polars may write)
+read as the types they view: Arrow's take, filters and the collation have no kernels for them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ._errors import DataError
+from ._schema import holds, with_children
+
+
+def unviewed(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with string and binary views (``string_view``: what pyarrow and Polars may
+    write) as ``large_string`` and ``large_binary``, and list views as lists, at any depth:
+    what pqloader reads them into (Arrow's take, filters and the collation have no kernels
+    for views)."""
+    if not any(_has_view(t) for t in schema.types):
+        return schema
+    return pa.schema([f.with_type(_unview(f.type)) for f in schema], metadata=schema.metadata)
+
+
+def _is_view(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string_view(t) or pa.types.is_binary_view(t)
+                or pa.types.is_list_view(t) or pa.types.is_large_list_view(t))
+
+
+def _has_view(t: pa.DataType) -> bool:
+    return holds(t, _is_view)
+
+
+def _unview(t: pa.DataType) -> pa.DataType:
+    """``t`` with views as the types they view, at any depth (list views as lists: token
+    columns written as views were refused, found in review)."""
+    if not _has_view(t):
+        return t
+    if pa.types.is_list_view(t):
+        return pa.list_(t.value_field.with_type(_unview(t.value_type)))
+    if pa.types.is_large_list_view(t):
+        return pa.large_list(t.value_field.with_type(_unview(t.value_type)))
+    if pa.types.is_string_view(t):
+        return pa.large_string()
+    if pa.types.is_binary_view(t):
+        return pa.large_binary()
+    return with_children(t, _unview)
+
+
+def plain(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
+    """``table`` (read from ``where``) as ``schema``, its :func:`unviewed`. List views are
+    rebuilt as lists: pyarrow 26's cast of one holding a null made an invalid array (offsets
+    one short), found here."""
+    columns = []
+    for column, field in zip(table.columns, schema, strict=True):
+        if column.type != field.type:
+            column = pa.chunked_array([_plain_array(c, field.type, where, field.name)
+                                       for c in column.chunks], field.type)
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _plain_array(array: pa.Array, to: pa.DataType, where: str, name: str) -> pa.Array:
+    if pa.types.is_list_view(array.type) or pa.types.is_large_list_view(array.type):
+        values = pc.list_flatten(array)  # in the rows' order, whatever the views' offsets
+        lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
+        offsets = np.zeros(len(array) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = _plain_array(values, to.value_type, where, name)
+        make = pa.ListArray if pa.types.is_list(to) else pa.LargeListArray
+        kind = pa.int32() if pa.types.is_list(to) else pa.int64()
+        return make.from_arrays(pa.array(offsets, kind), values, type=to,
+                                mask=array.is_null() if array.null_count else None)
+    if array.type == to:
+        return array
+    out = array.cast(to)
+    try:
+        out.validate()
+    except pa.ArrowInvalid as exc:  # a view inside a struct or map, cast wrong by pyarrow
+        raise DataError(
+            f"{where}: column {name!r} ({array.type}) could not be read as {to} ({exc}); "
+            "leave it out with columns=[...], or write it without views") from exc
+    return out
