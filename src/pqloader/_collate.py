@@ -101,9 +101,11 @@ def _signed(array: Any, name: str) -> Any:
     try:
         return pc.cast(array, target)  # safe: refuses a value it cannot hold
     except pa.ArrowInvalid as exc:
-        raise DataError(f"column {name!r} ({t}) has values past int64's range, which no torch "
-                        "tensor holds usefully (torch's uint64 supports few operations); pass "
-                        "collate_fn= to convert them yourself") from exc
+        values = pc.list_flatten(array) if pa.types.is_fixed_size_list(t) else array
+        raise DataError(f"column {name!r} has {value_type} values past int64's range (up to "
+                        f"{pc.max(values).as_py():,}), which no torch tensor holds usefully "
+                        "(torch's uint64 supports few operations); leave it out with "
+                        "columns=[...], or pass collate_fn= to convert them yourself") from exc
 
 
 def _as_numpy(array: pa.Array) -> np.ndarray:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import InvalidArgumentError, LoaderTimeoutError, PQLoaderError
@@ -182,11 +183,17 @@ class Stages:
 
     def describe(self, window: Window, column: pa.ChunkedArray | None = None) -> str:
         """The files and row groups a window reads, for error messages: those holding the
-        nulls of ``column`` (of the window, read order), when it has any."""
+        nulls of ``column`` (of the window, read order) when it has any, else its uint64
+        values past int64's (every row group was named: found in review)."""
         slices: Sequence[Slice] = window.slices
-        if column is not None and _nulls(column):
-            slices = tuple(s for s, at in zip(slices, window.starts().tolist(), strict=False)
-                           if _nulls(column.slice(at, s.num_rows))) or slices
+        try:
+            if column is not None and (faults := _nulls if _nulls(column) else
+                                       _past_int64)(column):
+                slices = tuple(s for s, at in zip(slices, window.starts().tolist(),
+                                                  strict=False)
+                               if faults(column.slice(at, s.num_rows))) or slices
+        except Exception:  # a note must not hide the error it notes
+            slices = window.slices
         return self._named(slices)
 
     def _named(self, slices: Sequence[Slice]) -> str:
@@ -205,6 +212,17 @@ def _nulls(column: pa.ChunkedArray) -> int:
         else 0
     own = 0 if pa.types.is_list(t) or pa.types.is_large_list(t) else int(column.null_count)
     return own + inside
+
+
+def _past_int64(column: pa.ChunkedArray) -> int:
+    """A uint64 column's values (or its lists') past int64's range."""
+    t = column.type
+    listed = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    if (t.value_type if listed else t) != pa.uint64():
+        return 0
+    values = [pc.list_flatten(c) if listed else c for c in column.chunks]
+    most = pa.scalar(2**63 - 1, pa.uint64())
+    return sum(int(pc.sum(pc.greater(v, most)).as_py() or 0) for v in values)
 
 
 def _slice(values: Any, start: int, stop: int) -> Any:

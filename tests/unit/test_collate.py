@@ -309,8 +309,31 @@ def test_unsigned_columns_come_as_signed_tensors_torch_can_use(tmp_path: Path) -
     assert int(batch["label"].max()) == 2**32 - 1 and batch["pair"].sum() == 21
     assert torch.nn.Embedding(65536, 2)(batch["tokens"]).shape == (3, 2, 2)
     pq.write_table(pa.table({"big": pa.array([2**64 - 1], pa.uint64())}), tmp_path / "b.parquet")
-    with pytest.raises(pqloader.DataError, match=r"column 'big' \(uint64\) has values past"):
+    with pytest.raises(pqloader.DataError, match=r"column 'big' has uint64 values past"):
         list(pqloader.DataLoader(pqloader.ParquetDataset(tmp_path / "b.parquet"), batch_size=1))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("column", ["big", "tokens", "pair"])
+def test_uint64_past_int64_names_its_row_group_and_value(tmp_path: Path, column: str,
+                                                         shuffle: bool) -> None:
+    """The error named every row group of the window (a file's, or several files'), and no
+    value; a fixed-size list's failed with pyarrow's 'Could not convert' instead."""
+    big = 2**64 - 1
+    pq.write_table(pa.table({
+        "id": np.arange(30),
+        "big": pa.array([2**63 + 1 if i == 17 else i for i in range(30)], pa.uint64()),
+        "tokens": pa.array([[1, big] if i == 22 else [i] for i in range(30)],
+                           pa.list_(pa.uint64())),
+        "pair": pa.array([[1, big] if i == 2 else [i, 0] for i in range(30)],
+                         pa.list_(pa.uint64(), 2)),
+    }), tmp_path / "a.parquet", row_group_size=5)
+    ds = pqloader.ParquetDataset(tmp_path, columns=["id", column])
+    with pytest.raises(pqloader.DataError, match=f"column '{column}' has uint64 values past "
+                       r"int64's range \(up to [0-9,]+\).*leave it out with columns=") as info:
+        list(pqloader.DataLoader(ds, batch_size=30, shuffle=shuffle))
+    group = {"big": 3, "tokens": 4, "pair": 0}[column]
+    assert f"in {tmp_path / 'a.parquet'}: row group {group}" in info.value.__notes__
 
 
 class _NoPickle(np.ndarray):
