@@ -13,6 +13,7 @@ import pyarrow as pa
 from ._config import LoaderConfig, bytes_per_row
 from ._errors import DataError, InvalidArgumentError, user_stacklevel
 from ._memory import RESERVE_BYTES, WINDOWS_PER_STREAM, window_bytes
+from ._sizes import statistics
 
 if TYPE_CHECKING:
     from ._dataset import ParquetDataset
@@ -106,8 +107,9 @@ def check_nulls(dataset: ParquetDataset) -> None:
                              if md.schema.column(i).path == field.name), None)
                 if leaf is None:
                     continue
+            leaf_type = md.schema.column(leaf).physical_type
             for rg in range(md.num_row_groups):
-                stats = md.row_group(rg).column(leaf).statistics
+                stats = statistics(md.row_group(rg).column(leaf), leaf_type)
                 if stats is not None and stats.has_null_count and stats.null_count:
                     nulls += stats.null_count
                     first = first or (entry.path, f"row group {rg}")

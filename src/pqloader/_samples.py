@@ -31,6 +31,7 @@ from ._sizes import (
     largest_row_group,
     leaf_owners,
     present,
+    statistics,
 )
 
 _SAMPLE_BYTES = 8 << 20  # the most bytes of dictionary strings (uncompressed) read to measure
@@ -105,10 +106,11 @@ def _unscaled(md: pq.FileMetaData, measured: dict[str, Sample]) -> set[str]:
         sample = measured.get(chunk.path_in_schema)
         if sample is None or not chunk.has_dictionary_page:
             continue
-        if sample.reference and (stats := chunk.statistics) is not None \
+        leaf_type = md.schema.column(i).physical_type
+        if sample.reference and (stats := statistics(chunk, leaf_type)) is not None \
                 and stats.has_min_max:
             continue  # scaled by its min and max: the common case, first
-        if has_values(chunk):
+        if has_values(chunk, leaf_type):
             out.add(chunk.path_in_schema)
     return out
 
@@ -168,7 +170,8 @@ def sample_plan(footers: Sequence[pq.FileMetaData | None],
             break
         rg, leaves = dictionary_strings(md, columns)
         found = {p: i for p, i in leaves.items()
-                 if p not in done and has_values(md.row_group(rg).column(i))}
+                 if p not in done and has_values(md.row_group(rg).column(i),
+                                                 md.schema.column(i).physical_type)}
         if found:
             plan.append((f, rg, found))
             done |= found.keys()
@@ -194,8 +197,9 @@ def measure(handle: pq.ParquetFile, row_group: int, leaves: dict[str, int]
         width = 4 if pa.types.is_string(t) or pa.types.is_binary(t) else 8  # views are read
         # as large strings (_views.unviewed)
         chunk = rg.column(leaf)
-        out[path] = Sample(sum(map(_value_bytes, values)) / max(1, present(chunk)), width,
-                           chunk_reference(chunk))
+        leaf_type = handle.metadata.schema.column(leaf).physical_type
+        out[path] = Sample(sum(map(_value_bytes, values)) / max(1, present(chunk, leaf_type)),
+                           width, chunk_reference(chunk, leaf_type))
     return out
 
 

@@ -61,46 +61,54 @@ def row_bytes(md: pq.FileMetaData, measured: dict[str, Sample] | None = None
         else:  # BYTE_ARRAY: strings, binaries
             size = max(chunk.total_uncompressed_size, 4 * chunk.num_values)
             sample = measured.get(chunk.path_in_schema) if measured else None
-            if sample is not None and chunk.has_dictionary_page and has_values(chunk):
-                size = max(size, _scaled(sample, chunk))
+            if sample is not None and chunk.has_dictionary_page and \
+                    has_values(chunk, leaf.physical_type):
+                size = max(size, _scaled(sample, chunk, leaf.physical_type))
         size += 4 * rg.num_rows * leaf.max_repetition_level  # list offsets
         name = owners[i] if owners else chunk.path_in_schema.split(".", 1)[0]
         out[name] = out.get(name, 0.0) + size / rg.num_rows
     return out
 
 
-def _scaled(sample: Sample, chunk: pq.ColumnChunkMetaData) -> float:
+def _scaled(sample: Sample, chunk: pq.ColumnChunkMetaData, leaf_type: str) -> float:
     """A dictionary-encoded chunk's decoded bytes, from a sample of its column elsewhere."""
     scale = 1.0
-    reference = chunk_reference(chunk)
+    reference = chunk_reference(chunk, leaf_type)
     if reference is not None and sample.reference:
         scale = reference / sample.reference
     # an offset for every slot, values for those not null: a column a pipeline filled
     # later, sparse where it was sampled, sized every full file 20x too small
     return float(chunk.num_values * sample.offset_bytes
-                 + present(chunk) * sample.value_bytes * scale)
+                 + present(chunk, leaf_type) * sample.value_bytes * scale)
 
 
-def chunk_reference(chunk: pq.ColumnChunkMetaData) -> float | None:
+def statistics(chunk: pq.ColumnChunkMetaData, leaf_type: str) -> pq.Statistics | None:
+    """A column chunk's statistics; None where the chunk's physical type is not its column's
+    (``leaf_type``): a damaged footer, whose statistics pyarrow aborted the process decoding
+    (a C++ exception nothing catches, found by fuzzing). A read of the chunk names the damage."""
+    return chunk.statistics if chunk.physical_type == leaf_type else None
+
+
+def chunk_reference(chunk: pq.ColumnChunkMetaData, leaf_type: str) -> float | None:
     """The mean length in bytes of a chunk's min and max value, where its statistics have them."""
-    stats = chunk.statistics
+    stats = statistics(chunk, leaf_type)
     if stats is None or not stats.has_min_max:
         return None
     lengths = [len(v.encode() if isinstance(v, str) else v) for v in (stats.min, stats.max)]
     return sum(lengths) / 2
 
 
-def present(chunk: pq.ColumnChunkMetaData) -> int:
+def present(chunk: pq.ColumnChunkMetaData, leaf_type: str) -> int:
     """A column chunk's values that are not null (all of them when its statistics do not
     say; a null or empty list's slot counts as a null)."""
-    stats = chunk.statistics
+    stats = statistics(chunk, leaf_type)
     nulls = stats.null_count if stats is not None and stats.has_null_count else 0
     return max(0, int(chunk.num_values) - int(nulls))
 
 
-def has_values(chunk: pq.ColumnChunkMetaData) -> bool:
+def has_values(chunk: pq.ColumnChunkMetaData, leaf_type: str) -> bool:
     """Whether a column chunk holds a value that is not null (``True`` when unknown)."""
-    stats = chunk.statistics
+    stats = statistics(chunk, leaf_type)
     if stats is None or not stats.has_null_count:
         return True
     return bool(stats.null_count < chunk.num_values)
