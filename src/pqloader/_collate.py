@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from ._errors import DataError, InvalidArgumentError
+from ._errors import CorruptFileError, DataError, InvalidArgumentError, bad_text
 
 Kind = Literal["numeric", "list", "fixed_list", "str", "bytes"]
 LENGTHS_SUFFIX = "_lengths"
@@ -299,8 +299,18 @@ def to_torch(columns: Mapping[str, Any], kinds: Mapping[str, Kind]) -> dict[str,
             flat_np = _as_numpy(flat) if len(flat) else np.zeros(0, flat.type.to_pandas_dtype())
             batch[name] = _tensor(flat_np.reshape(len(values), values.type.list_size))
         else:
-            batch[name] = values.to_pylist()
+            batch[name] = _texts(values, name)
     return batch
+
+
+def _texts(values: pa.Array, name: str) -> list[Any]:
+    """A column of strings (or other values) as Python's."""
+    try:
+        out: list[Any] = values.to_pylist()
+    except UnicodeDecodeError as exc:  # was raised bare: no file, row group or column
+        raise CorruptFileError(bad_text(name, exc)) from exc
+    return out
+
 
 
 def to_arrow(columns: Mapping[str, pa.Array]) -> pa.RecordBatch:

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from ._cache import Cache
 from ._discover import Discovery, discover, read_footers
-from ._errors import InvalidArgumentError
+from ._errors import CorruptFileError, InvalidArgumentError, bad_text
 from ._fs import make_store
 from ._kept import count_kept
 from ._measure import measure_strings
@@ -251,7 +251,8 @@ class ParquetDataset:
         for frag in np.unique(frags):
             where = np.flatnonzero(frags == frag)
             local = idx[where] - self._offsets[frag]
-            part = self._fragment(int(frag)).take(pa.array(local)).to_pylist()
+            part = _rows(self._fragment(int(frag)).take(pa.array(local)),
+                         self._discovery.where(int(frag)))
             for i, row in zip(where, part, strict=True):
                 rows[i] = row
         return rows
@@ -275,3 +276,22 @@ class ParquetDataset:
     def reader(self) -> FragmentReader:
         """The fragment reader (internal: used by the loader)."""
         return self._reader
+
+
+def _rows(table: pa.Table, where: str) -> list[dict[str, Any]]:
+    """A table's rows as dicts; text that is not UTF-8 named by its row group and column."""
+    try:
+        rows: list[dict[str, Any]] = table.to_pylist()
+    except UnicodeDecodeError as exc:
+        name = next((c for c in table.column_names if not _decodes(table.column(c))), "?")
+        raise CorruptFileError(f"{where}: {bad_text(name, exc)}") from exc
+    return rows
+
+
+def _decodes(column: pa.ChunkedArray) -> bool:
+    try:
+        column.to_pylist()
+    except UnicodeDecodeError:
+        return False
+    return True
+

@@ -99,3 +99,12 @@ def user_stacklevel() -> int:
         frame = frame.f_back
         level += 1
     return level
+
+
+def bad_text(name: str, exc: UnicodeDecodeError) -> str:
+    """The error for a string column ``name`` holding bytes that are not UTF-8."""
+    return (f"column {name!r} holds text that is not UTF-8 ({exc.reason} at byte "
+            f"{exc.start} of a value): the file is damaged (ParquetDataset(..., "
+            "verify_checksums=True) finds damaged pages where the writer left checksums), or "
+            "the column holds bytes written as strings; rewrite it as binary, or leave it out "
+            "with columns=[...]")

@@ -374,32 +374,38 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
     """
     rows = columns.pop(ROWS, None)
     where: tuple[tuple[Window, int, int], ...] = columns.pop(WHERE, ())
+    number = first_position + position  # in the epoch (position: since an elastic resume)
     if stages.collate_fn is not None:
         try:
             batch = stages.collate_fn(to_arrow(columns))
         except Exception as exc:
-            exc.add_note(f"in pqloader collate_fn, batch {position} of rank {rank}, "
+            exc.add_note(f"in pqloader collate_fn, batch {number} of rank {rank}, "
                          f"epoch {epoch}{stages.rows_from(where)}")
             raise
     else:
-        batch = to_torch(columns, stages.kinds)
+        try:
+            batch = to_torch(columns, stages.kinds)
+        except PQLoaderError as exc:  # text not UTF-8: the rows' row groups named
+            exc.add_note(f"in batch {number} of rank {rank}, epoch {epoch}"
+                         f"{stages.rows_from(where)}")
+            raise
     if stages.transform is not None:
         try:
             keyword = stages.rng_keyword  # None where the generator goes second, or not
             if stages.arity == 2 or keyword is not None:
-                rng = transform_rng(stages.seed, epoch, rank, first_position + position)
+                rng = transform_rng(stages.seed, epoch, rank, number)
                 batch = stages.transform(batch, rng) if keyword is None else \
                     stages.transform(batch, **{keyword: rng})
             else:
                 batch = stages.transform(batch)
         except Exception as exc:
-            exc.add_note(f"in pqloader transform, batch {position} of rank {rank}, "
+            exc.add_note(f"in pqloader transform, batch {number} of rank {rank}, "
                          f"epoch {epoch}{stages.rows_from(where)}")
             raise
         if batch is None:  # a transform that changed its batch in place and returned nothing
             raise InvalidArgumentError(
                 f"transform {getattr(stages.transform, '__name__', stages.transform)!r} "
-                f"returned None for batch {position} of rank {rank}, epoch {epoch}: it must "
+                f"returned None for batch {number} of rank {rank}, epoch {epoch}: it must "
                 "return the batch (did it change it in place and forget `return batch`?)")
     if stages.memory is not None:
         stages.memory.watch()  # warns once the budget is passed: batches may do that alone

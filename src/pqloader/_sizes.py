@@ -94,7 +94,9 @@ def chunk_reference(chunk: pq.ColumnChunkMetaData, leaf_type: str) -> float | No
     stats = statistics(chunk, leaf_type)
     if stats is None or not stats.has_min_max:
         return None
-    lengths = [len(v.encode() if isinstance(v, str) else v) for v in (stats.min, stats.max)]
+    # raw: the bytes as stored (decoded, text that is not UTF-8 raised at the open)
+    lengths = [len(v.encode() if isinstance(v, str) else v) for v in (stats.min_raw,
+                                                                       stats.max_raw)]
     return sum(lengths) / 2
 
 

@@ -56,10 +56,24 @@ def transform_rng_keyword(transform: Callable[..., Any] | None) -> str | None:
 
 
 def _parameters(transform: Callable[..., Any]) -> list[inspect.Parameter] | None:
-    forward = getattr(transform, "forward", None)
-    target = forward if isinstance(transform, torch.nn.Module) and callable(forward) \
-        else transform
     try:
-        return list(inspect.signature(target).parameters.values())
+        return list(inspect.signature(_called(transform)).parameters.values())
     except (TypeError, ValueError):  # builtins without a signature
         return None
+
+
+def _called(transform: Callable[..., Any]) -> Callable[..., Any]:
+    """What a call of ``transform`` runs, as its parameters tell: a module's ``forward``
+    (``__call__`` takes ``*args``), through ``torch.compile``'s wrapper and a
+    ``functools.partial`` (both read as taking the batch alone: the generator went missing,
+    silently, found in review)."""
+    if isinstance(transform, functools.partial):
+        inner = _called(transform.func)
+        return transform if inner is transform.func else \
+            functools.partial(inner, *transform.args, **transform.keywords)
+    if isinstance(transform, torch.nn.Module):
+        original = getattr(transform, "_orig_mod", None)  # torch.compile's OptimizedModule
+        module = original if isinstance(original, torch.nn.Module) else transform
+        if callable(forward := getattr(module, "forward", None)):
+            return forward  # type: ignore[no-any-return]
+    return transform

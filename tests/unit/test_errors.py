@@ -355,6 +355,25 @@ def test_failing_transform_names_its_batch(make_dataset: Any) -> None:
     assert "transform" in notes and "epoch 0" in notes
 
 
+def test_failing_transform_names_its_batch_of_the_epoch_after_an_elastic_resume(
+        make_dataset: Any) -> None:
+    """Resumed with other workers, batches are counted again from 0 in the new plan; the
+    error named that count, not the batch of the epoch its generator is drawn for (found in
+    review: "batch 2" for the epoch's ninth batch). Here 6 batches, then 5, then the error."""
+    ds = pqloader.ParquetDataset(make_dataset(1000), columns=["id"])
+    saver = pqloader.DataLoader(ds, batch_size=50, num_workers=2)
+    it = iter(saver)
+    for _ in range(6):
+        next(it)
+    state = saver.state_dict()
+    del it
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=0, transform=Boom(400))
+    loader.load_state_dict(state)
+    exc, seen, _ = drain(loader)
+    assert isinstance(exc, ValueError) and len(seen) == 5 * 50
+    assert "in pqloader transform, batch 11 of rank 0, epoch 0" in " ".join(exc.__notes__)
+
+
 @pytest.mark.parametrize("workers", [0, 2, "auto"])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_failing_transform_names_the_row_groups_its_rows_came_from(

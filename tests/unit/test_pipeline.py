@@ -69,6 +69,16 @@ def _anything(*args: Any) -> Any:
     return args[0]
 
 
+class _Masking(torch.nn.Module):
+    def forward(self, batch: Any, rng: Any = None) -> Any:
+        return batch
+
+
+class _MaskingByKeyword(torch.nn.Module):
+    def forward(self, batch: Any, *, rng: Any = None) -> Any:
+        return batch
+
+
 @pytest.mark.parametrize(("transform", "arity"), [
     (None, 0),
     (lambda batch: batch, 1),
@@ -80,6 +90,12 @@ def _anything(*args: Any) -> Any:
     (torch.nn.Sequential(_Scale()), 1),
     (functools.partial(_two, rng=None), 1),
     (len, 1),
+    (_Masking(), 2),
+    # torch.compile's wrapper and a partial read as (*args, **kwargs): the generator went
+    # missing, silently (found in review)
+    (torch.compile(_Masking(), backend="eager"), 2),
+    (functools.partial(_Masking()), 2),
+    (functools.partial(_Scale()), 1),
 ])
 def test_transform_arity(transform: Any, arity: int) -> None:
     assert transform_arity(transform) == arity
@@ -102,6 +118,7 @@ def _keyword_generator(batch: Any, *, generator: Any, scale: float = 1.0) -> Any
     (_scaled, None),
     (None, None),
     (len, None),
+    (torch.compile(_MaskingByKeyword(), backend="eager"), "rng"),
 ])
 def test_transform_rng_keyword(transform: Any, keyword: str | None) -> None:
     """def f(batch, *, rng=None) got None, silently, and was not reproducible (found in
