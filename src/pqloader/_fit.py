@@ -35,7 +35,8 @@ def check_room(dataset: ParquetDataset, config: LoaderConfig, streams: int) -> N
             f"memory_budget_bytes={budget_bytes:,} cannot hold {streams} worker stream(s) of "
             f"up to {WINDOWS_PER_STREAM} shuffle windows each, a window being at least one row "
             f"group ({int(held[largest]):,} bytes decoded for {path} row group "
-            f"{int(d.row_group[largest])}): give at least {need:,} bytes, fewer num_workers, "
+            f"{int(d.row_group[largest])}), with {RESERVE_BYTES:,} bytes for the rest (threads, "
+            f"batches, Arrow's pool): give at least {need:,} bytes, fewer num_workers, "
             "or write smaller row groups (write_dataset(row_group_size=...))"
         )
     room = window_bytes(budget_bytes, streams)

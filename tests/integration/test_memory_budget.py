@@ -119,7 +119,8 @@ def test_without_a_budget_the_same_loader_takes_more(big: pqloader.ParquetDatase
 def test_a_budget_below_one_row_group_per_window_is_refused(
         big: pqloader.ParquetDataset) -> None:
     with pytest.raises(pqloader.InvalidArgumentError,
-                       match=r"memory_budget_bytes=.* row group .*give at least"):
+                       match=r"memory_budget_bytes=.* row group .*with 50,331,648 "
+                       r"bytes for the rest \(threads, batches, Arrow's pool\): give at least"):
         pqloader.DataLoader(big, batch_size=64, num_workers=2, memory_budget_bytes=40 * MIB)
 
 
