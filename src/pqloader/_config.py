@@ -38,6 +38,10 @@ class LoaderConfig:
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
+        for name in ("shuffle", "drop_last"):  # shuffle="no" read as True, silently
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise InvalidArgumentError(
+                    f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.memory_budget_bytes is not None:
             check_positive("memory_budget_bytes", self.memory_budget_bytes)
         check_positive("seed", self.seed, allow_zero=True)
@@ -106,6 +110,10 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         check_positive("num_workers", self.num_workers, allow_zero=True)
         check_positive("prefetch_factor", self.prefetch_factor)
+        for name in ("pin_memory", "persistent_workers"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise InvalidArgumentError(
+                    f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.worker_type not in ("thread", "process"):
             raise InvalidArgumentError(
                 f"worker_type must be 'thread' or 'process', got {self.worker_type!r}"
@@ -134,6 +142,9 @@ def cores() -> int:
 def resolve_num_workers(num_workers: int | str, worker_type: str) -> tuple[int, bool]:
     """(workers: the streams planned, or for ``"auto"`` the most threads and windows read
     ahead; whether to tune the active threads online)."""
+    if isinstance(num_workers, str) and num_workers != "auto":
+        raise InvalidArgumentError(f"num_workers must be an int >= 0 or 'auto', got "
+                                   f"{num_workers!r}")
     if num_workers != "auto":
         return num_workers, False  # type: ignore[return-value]  # validated by WorkerConfig
     if worker_type != "thread":

@@ -93,6 +93,8 @@ class DataLoader:
         audit_dir: record the rows of every batch yielded, in a file per process in this
             folder, for :func:`pqloader.audit` (``pqloader audit DIR``) to check that an epoch
             saw every row exactly once, across ranks, workers and restarts.
+        sampler, batch_sampler, generator: torch's, refused by name: the loader orders the
+            rows itself (``shuffle``, ``seed``, the ranks).
     """
 
     def __init__(
@@ -119,6 +121,9 @@ class DataLoader:
         multiprocessing_context: Any = None,
         audit_dir: str | os.PathLike[str] | None = None,
         memory_budget_bytes: int | None = None,
+        sampler: None = None,
+        batch_sampler: None = None,
+        generator: None = None,
     ) -> None:
         from ._dataset import ParquetDataset
 
@@ -126,6 +131,7 @@ class DataLoader:
             raise InvalidArgumentError(
                 f"dataset must be a pqloader.ParquetDataset, got {type(dataset).__name__}"
             )
+        _refuse_torch_order(sampler=sampler, batch_sampler=batch_sampler, generator=generator)
         self.config = LoaderConfig(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
             shuffle_window_rows=shuffle_window_rows, transform=transform,
@@ -209,6 +215,14 @@ class DataLoader:
         if self._planner.origin is not None:
             self._planner.origin = None
             self._processes.forget()  # persistent worker processes hold the old plan
+
+    def __getitem__(self, index: Any) -> Any:
+        """Refused, saying why: torch's ``DataLoader`` given this loader took it for a
+        map-style dataset and failed with "'DataLoader' object is not subscriptable"."""
+        raise TypeError(
+            "pqloader.DataLoader yields batches itself: iterate it directly (for batch in "
+            "loader); for torch's DataLoader, give it ds.to_torch(batch_size=...) with "
+            "batch_size=None")
 
     def __len__(self) -> int:
         """Batches of this epoch on this rank (the same on every rank): a whole epoch's, also
@@ -397,4 +411,16 @@ class DataLoader:
             delivery.check()
         finally:
             delivery.close()
+
+
+def _refuse_torch_order(**given: Any) -> None:
+    """torch's ``sampler``, ``batch_sampler`` and ``generator``, refused by name (they were
+    Python's bare "unexpected keyword argument")."""
+    for name, value in given.items():
+        if value is not None:
+            raise InvalidArgumentError(
+                f"{name}= is torch's: pqloader.DataLoader orders the rows itself (shuffle=True, "
+                "seed=<int> for the order, the ranks from torch.distributed); for an order of "
+                "your own, give torch.utils.data.DataLoader the map-style dataset "
+                f"(DataLoader(ds, {name}=...)): rows are then read one by one, slower")
 

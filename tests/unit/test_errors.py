@@ -207,6 +207,13 @@ def test_unknown_column(tmp_path: Path) -> None:
         ({"batch_size": 8, "timeout": float("nan")}, "timeout"),  # timed out at once
         ({"batch_size": 8, "worker_type": "fiber"}, "worker_type"),
         ({"batch_size": 8, "num_workers": 0, "persistent_workers": True}, "persistent_workers"),
+        ({"batch_size": 8, "shuffle": "no"}, "shuffle must be True or False"),  # was True
+        ({"batch_size": 8, "pin_memory": "yes"}, "pin_memory must be True or False"),
+        ({"batch_size": 8, "num_workers": "2"}, "int >= 0 or 'auto', got '2'"),
+        # torch's habits: Python's bare "unexpected keyword argument" before
+        ({"batch_size": 8, "sampler": [0, 1]}, "sampler= is torch's: pqloader.DataLoader "
+                                               "orders the rows itself"),
+        ({"batch_size": 8, "generator": object()}, "generator= is torch's"),
     ],
 )
 def test_bad_loader_arguments(tmp_path: Path, kwargs: dict[str, Any], name: str) -> None:
@@ -215,6 +222,18 @@ def test_bad_loader_arguments(tmp_path: Path, kwargs: dict[str, Any], name: str)
     with pytest.raises(ValueError) as info:
         pqloader.DataLoader(ds, **kwargs)
     _assert_error(info.value, pqloader.InvalidArgumentError, ValueError, name)
+
+
+def test_the_loader_given_to_torchs_dataloader_says_what_to_do(tmp_path: Path) -> None:
+    """torch's DataLoader took it for a map-style dataset: "'DataLoader' object is not
+    subscriptable" (a first-use mistake, found in review)."""
+    import torch
+
+    pq.write_table(_table(10), tmp_path / "part-00000.parquet")
+    loader = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=4)
+    with pytest.raises(TypeError, match=r"yields batches itself: iterate it directly.*"
+                       r"ds\.to_torch\(batch_size=\.\.\.\) with batch_size=None"):
+        next(iter(torch.utils.data.DataLoader(loader, batch_size=None)))
 
 
 def test_prefetch_factor_none_is_torchs_default(tmp_path: Path) -> None:
