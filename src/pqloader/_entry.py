@@ -19,14 +19,16 @@ from typing import IO, Any, TypeAlias
 import pyarrow as pa
 import xxhash
 
+from ._errors import CorruptFileError
+
 Buffer: TypeAlias = bytes | memoryview | pa.Buffer
 
 _MAGIC = b"PQC2"
 _TRAILER = struct.Struct("<Q")  # xxh3-64 of the payload
 
 
-class CorruptCacheEntry(Exception):
-    """Internal: a cache entry that failed its checks (the reader fetches it again)."""
+class CorruptCacheEntry(CorruptFileError):
+    """A cache entry that failed its checks, deleted (the loader's reads fetch it again)."""
 
 
 def write(f: IO[bytes], url: str, version: str | None, offset: int, length: int,

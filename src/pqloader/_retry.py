@@ -51,7 +51,21 @@ _TRANSIENT = re.compile(r"\b(500|502|504)\b|InternalError|ServiceUnavailable|Con
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How pqloader retries a request; see :class:`Store`."""
+    """How pqloader retries a request to remote storage (``ParquetDataset(...,
+    retry=RetryPolicy(...))``): throttling (429, 503 SlowDown), resets, timeouts and short
+    reads are retried with jittered exponential backoff, each retry counted in
+    ``ds.io_stats()``; 403, 404 and other client errors are not.
+
+    Attributes:
+        attempts: tries in all, the first included.
+        base_delay_s, max_delay_s: the backoff before retry ``k`` is uniform in
+            ``[0, min(max_delay_s, base_delay_s * 2**k)]``.
+        timeout_s: per request; a slower one is abandoned and retried (0: none).
+        list_timeout_s: per listing of a prefix (many pages of 1,000 names each).
+        max_concurrency: requests in flight per process, at most.
+        part_bytes: ranges larger than this are fetched in parallel parts.
+        hole_bytes: ranges closer than this are fetched as one request.
+    """
 
     attempts: int = 10  # tries in all, the first included
     base_delay_s: float = 0.05  # backoff before retry k: uniform(0, min(max, base * 2**k))
