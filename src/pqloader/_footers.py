@@ -36,6 +36,17 @@ def row_groups(md: pq.FileMetaData) -> RowGroups:
             row_bytes(md))
 
 
+def checked(md: pq.FileMetaData, path: str) -> pq.FileMetaData:
+    """``md``, once its row groups' rows add up to the file's: a footer whose count of a row
+    group was damaged lost those rows silently (found by fuzzing)."""
+    rows = sum(md.row_group(i).num_rows for i in range(md.num_row_groups))
+    if rows != md.num_rows:
+        raise CorruptFileError(
+            f"{path}: its footer counts {md.num_rows:,} rows, its row groups {rows:,}: the "
+            "footer is damaged; rewrite the file or remove it from the dataset")
+    return md
+
+
 def tail_range(size: int) -> tuple[int, int]:
     """The range of a remote file fetched for its footer: its last 64 KiB, or all of it."""
     n = min(size, _TAIL_BYTES)
@@ -70,20 +81,22 @@ def remote_footer_and_tail(store: Store, cache: Cache | None, obj: ObjectInfo
         whole = (obj.size - length, length)
         tail = bytes(cached_ranges(store, cache, obj.path, obj.version, [whole])[whole])
     try:
-        return pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-length:])), fetched
+        md = pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-length:]))
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptFileError(f"{url}: not a readable Parquet footer ({exc}); rewrite the "
                                "file or remove it") from exc
+    return checked(md, url), fetched
 
 
 def read_footer(path: Path) -> tuple[pq.FileMetaData, int]:
     try:
-        return pq.read_metadata(path), path.stat().st_size
+        md, size = pq.read_metadata(path), path.stat().st_size
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptFileError(
             f"{path}: not a readable Parquet file ({exc}); remove it or pass a glob that "
             "matches only Parquet files"
         ) from exc
+    return checked(md, str(path)), size
 
 
 def local_footers(paths: list[Path]) -> list[LocalFooter]:

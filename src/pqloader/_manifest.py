@@ -5,7 +5,8 @@ underscore keeps it out of the data, as Spark's ``_SUCCESS``): each file's relat
 and row groups (rows, bytes), its columns' decoded bytes per row (``_sizes``), and the Arrow
 schema. Opening a folder whose data files match it
 by name and size reads that one small file instead of every footer; a manifest that does not
-match (a file added, removed or rewritten) is ignored with a warning, and footers are read.
+match (a file added or rewritten) is ignored with a warning, and footers are read; a file it
+lists that is missing is an error (rows would be missing).
 """
 
 from __future__ import annotations
@@ -132,7 +133,15 @@ def match_manifest(text: str, where: str, found: dict[str, int],
         return None
     if body["version"] < VERSION and any(has_bytes(f.type) for f in schema):
         return None  # its string sizes may be the footers' (7-24x too small): read the footers
-    stale = [f"{name} is missing" for name in sorted(set(listed) - set(found))] + [
+    missing = sorted(set(listed) - set(found))
+    if missing:  # read from the footers, the epoch was short of its rows: warned of only
+        rows = sum(sum(listed[name]["rows"]) for name in missing)  # (found by fuzzing)
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise CorruptFileError(
+            f"{where} lists {missing[0]}{more}, missing ({rows:,} rows): the dataset would be "
+            "read short of them. Restore the files, or delete the manifest to read the files "
+            "that are there")
+    stale = [
         f"{name} is not listed" for name in sorted(set(found) - set(listed))] + [
         f"{name} changed size" for name in sorted(set(found) & set(listed))
         if found[name] != listed[name]["size"]]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -30,7 +31,7 @@ from ._conform import conform
 from ._discover import Discovery, FileEntry
 from ._errors import CorruptFileError, DatasetNotFoundError, PQLoaderError, SchemaMismatchError
 from ._fetch import cached_ranges
-from ._footers import remote_footer_and_tail
+from ._footers import checked, remote_footer_and_tail
 from ._fs import ObjectInfo
 from ._int96 import READ as INT96
 from ._int96 import file_schema
@@ -123,7 +124,7 @@ class FragmentReader:
                 raise SchemaMismatchError(
                     f"{entry.path} is {size:,} bytes, {entry.size_bytes:,} when the "
                     f"dataset was opened; {_CHANGED}")
-            footer = pq.read_metadata(entry.path)
+            footer = checked(pq.read_metadata(entry.path), entry.path)
         else:
             footer, tail = remote_footer_and_tail(store, self._d.cache, self._object(entry))
             self._tails[file_index] = tail  # dicts are atomic across threads
@@ -131,7 +132,30 @@ class FragmentReader:
                 with contextlib.suppress(KeyError, RuntimeError):  # another thread's pop
                     self._tails.popitem(last=False)
         self._check_types(entry, footer)
+        self._check_rows(file_index, footer)
         return footer
+
+    def _check_rows(self, file_index: int, footer: pq.FileMetaData) -> None:
+        """A footer read after a manifest opened the dataset has the rows it promised, row
+        group by row group: a manifest whose count was damaged lost rows silently (found by
+        fuzzing). With a filter, the index counts the rows it keeps: not compared."""
+        d = self._d
+        if d.filter is not None or d.files[file_index].metadata is not None:
+            return  # (a footer read at the open: the index was made from it)
+        lo, hi = np.searchsorted(d.file_index, [file_index, file_index + 1])
+        indexed = dict(zip(d.row_group[lo:hi].tolist(), d.num_rows[lo:hi].tolist(),
+                           strict=True))
+        for i in range(footer.num_row_groups):
+            rows = footer.row_group(i).num_rows
+            if rows != indexed.get(i, 0):
+                raise SchemaMismatchError(
+                    f"{d.files[file_index].path}: row group {i} holds {rows:,} rows, "
+                    f"{indexed.get(i, 0):,} when the dataset was opened; {_CHANGED}")
+        if footer.num_row_groups < len(indexed) or any(i >= footer.num_row_groups
+                                                       for i in indexed):
+            raise SchemaMismatchError(
+                f"{d.files[file_index].path} has {footer.num_row_groups} row groups, fewer "
+                f"than when the dataset was opened; {_CHANGED}")
 
     def _check_types(self, entry: FileEntry, footer: pq.FileMetaData) -> None:
         """A footer read after a manifest opened the dataset holds the columns it promised:

@@ -210,3 +210,49 @@ def test_text_that_is_not_utf8_is_named_by_file_row_group_and_column(tmp_path: P
         with pytest.raises(pqloader.CorruptFileError, match=said) as info:
             list(pqloader.DataLoader(ds, batch_size=3, num_workers=workers))
         assert any("a.parquet: row group 0" in note for note in info.value.__notes__)
+
+
+def test_a_file_the_manifest_lists_that_is_missing_is_an_error(tmp_path: Path) -> None:
+    """It was warned of, and the footers read: an epoch 1,000 rows short (found by fuzzing)."""
+    pqloader.write_dataset(pa.table({"id": list(range(3000))}), tmp_path, rows_per_file=1000)
+    (tmp_path / "part-00001.parquet").unlink()
+    with pytest.raises(pqloader.CorruptFileError, match=r"lists part-00001\.parquet, missing "
+                       r"\(1,000 rows\).*delete the manifest to read the files"):
+        pqloader.ParquetDataset(tmp_path)
+    (tmp_path / MANIFEST).unlink()
+    assert len(pqloader.ParquetDataset(tmp_path)) == 2000
+
+
+def test_a_footer_whose_row_groups_do_not_add_up_is_refused(tmp_path: Path) -> None:
+    """A row group's count lowered in a footer (the file's total and the pages left as they
+    were): its rows went missing silently (found by fuzzing)."""
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"id": list(range(1000))}), path, row_group_size=250)
+    data = bytearray(path.read_bytes())
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = bytes(data[len(data) - 8 - length:len(data) - 8])
+    # RowGroup.num_rows (field 3, i64: 0x16) of 250 (zigzag 500: 0xf4 0x03), then its
+    # file_offset (field 5: 0x26); a column's num_values of 250 is followed by another i64
+    at = footer.index(b"\x16\xf4\x03\x26", footer.index(b"\x16\xf4\x03\x26") + 1)
+    data[len(data) - 8 - length + at + 1] = 0xf0  # 248
+    path.write_bytes(bytes(data))
+    assert pq.read_metadata(path).row_group(1).num_rows == 248
+    with pytest.raises(pqloader.CorruptFileError, match=r"a\.parquet: its footer counts 1,000 "
+                       r"rows, its row groups 998"):
+        pqloader.ParquetDataset(path)
+
+
+def test_a_manifest_whose_rows_are_not_the_footers_is_told_at_the_read(tmp_path: Path) -> None:
+    """A manifest's count of a row group lowered, or a row group left out: the footer read
+    later disagreed unseen, and those rows went missing (found by fuzzing)."""
+    pqloader.write_dataset(pa.table({"id": list(range(1000))}), tmp_path, rows_per_file=500,
+                           row_group_size=250)
+    body = json.loads((tmp_path / MANIFEST).read_text())
+    body["files"][1]["rows"][0] = 0  # a row group of none: left out of the index
+    (tmp_path / MANIFEST).write_text(json.dumps(body))
+    ds = pqloader.ParquetDataset(tmp_path)
+    assert len(ds) == 750
+    with pytest.raises(pqloader.SchemaMismatchError, match=r"part-00001\.parquet: row group 0 "
+                       r"holds 250 rows, 0 when the dataset was opened"):
+        list(pqloader.DataLoader(ds, batch_size=100))
+
