@@ -197,7 +197,13 @@ class Store:
         except (ImportError, ValueError) as exc:
             raise ImportError(f"{_hint(self.protocol)} ({exc})") from exc
         retries = options.pop("retries", None)
-        fs = cls(skip_instance_cache=True, **options)  # not shared: its retries are ours
+        try:
+            fs = cls(skip_instance_cache=True, **options)  # not shared: its retries are ours
+        except Exception as exc:  # adlfs without an account: a bare ValueError, found in review
+            raise RemoteIOError(
+                f"{self.protocol}://: its filesystem ({cls.__name__}) could not be made: "
+                f"{type(exc).__name__}: {exc}; check storage_options (credentials, account, "
+                "endpoint) or the environment they come from") from exc
         if retries is not None:
             set_retries(self.protocol, fs, retries)
         _MADE[id(fs)] = fs

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -268,6 +269,11 @@ def remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exce
     # fsspec's HTTP filesystem raises a 403 as FileNotFoundError, and a 403 mid-read as
     # aiohttp's own error: told "no such object", never that a signed URL may have expired
     # (found in review)
+    unreachable = next((e for e in chain(exc) if _unreachable(e)), None)
+    if unreachable is not None and kind == "fatal":  # fsspec's HTTP says FileNotFoundError
+        return RemoteIOError(f"{url}: no connection was made ({type(unreachable).__name__}: "
+                             f"{unreachable}); check the URL's host or the endpoint in "
+                             "storage_options, and the network")
     if isinstance(exc, FileNotFoundError) and kind == "fatal" and status not in (401, 403):
         return DatasetNotFoundError(f"{url}: no such object ({exc})")
     if (isinstance(exc, PermissionError) or status in (401, 403)) and kind == "fatal":
@@ -283,6 +289,16 @@ def remote_error(url: str, exc: BaseException, attempts: int, kind: str) -> Exce
         hint = ("; pass credentials in storage_options (e.g. key=, secret=), or anon=True "
                 "for a public bucket") if "Credentials" in type(exc).__name__ else ""
         return RemoteIOError(f"{url}: {type(exc).__name__}: {exc}{hint}")
+    advice = ("Check the URL's host or the endpoint in storage_options, and the network: "
+              "no connection was made" if any(_unreachable(e) for e in chain(exc)) else
+              "Raise RetryPolicy(attempts=...) or lower the concurrency if the store is "
+              "throttling")
     return RemoteIOError(f"{url}: gave up after {attempts} attempts; last error "
-                         f"{type(exc).__name__}: {exc}. Raise RetryPolicy(attempts=...) or "
-                         "lower the concurrency if the store is throttling")
+                         f"{type(exc).__name__}: {exc}. {advice}")
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """A host that did not resolve or refused the connection: more attempts were the wrong
+    advice for them (found in review)."""
+    return isinstance(exc, (socket.gaierror, ConnectionRefusedError)) or \
+        type(exc).__name__ in ("ClientConnectorDNSError", "EndpointConnectionError")

@@ -82,6 +82,37 @@ def test_a_refused_connection_wrapped_by_a_client_is_retried() -> None:
     assert classify(OSError(111, "refused")) == "transient"
 
 
+def test_a_host_that_cannot_be_reached_is_said_so() -> None:
+    """fsspec's HTTP told a refused connection or an unknown host as FileNotFoundError: "no
+    such object"; after retries, the advice was to raise the attempts (found in review)."""
+    from botocore.exceptions import EndpointConnectionError
+
+    from pqloader._retry import remote_error
+
+    policy = RetryPolicy(attempts=2, base_delay_s=0)
+    with pytest.raises(pqloader.RemoteIOError, match=r"http://127\.0\.0\.1:1/x\.parquet: no "
+                       r"connection was made \(ConnectionRefusedError: .*check the URL's host"):
+        pqloader.ParquetDataset("http://127.0.0.1:1/x.parquet", retry=policy)
+    refused = _raised_from(EndpointConnectionError(endpoint_url="http://127.0.0.1:1/b/k"),
+                           ConnectionRefusedError(111, "refused"))
+    said = str(remote_error("s3://b/k", refused, 10, "transient"))
+    assert "gave up after 10 attempts" in said and "no connection was made" in said
+    assert "Raise RetryPolicy" not in said
+
+
+def test_a_filesystem_that_cannot_be_made_names_storage_options(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """adlfs without an account raised a bare ValueError (found in review)."""
+    pytest.importorskip("adlfs")
+    for name in list(os.environ):
+        if name.startswith("AZURE_STORAGE"):
+            monkeypatch.delenv(name)
+    with pytest.raises(pqloader.RemoteIOError, match=r"az://: its filesystem "
+                       r"\(AzureBlobFileSystem\) could not be made: ValueError: .*check "
+                       r"storage_options"):
+        pqloader.ParquetDataset("az://bucket/train/")
+
+
 def test_a_short_read_is_transient_whatever_its_byte_counts() -> None:
     assert classify(ShortRead("short read: 120 of 503 bytes")) == "transient"
     assert classify(RangeIgnored("asked for 503 bytes, got 4096")) == "fatal"
