@@ -579,6 +579,19 @@ def test_to_torch_inline(ds: pqloader.ParquetDataset) -> None:
     assert flat(batches) == list(range(ROWS - ROWS % BATCH))
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_to_torch_under_torch_collation_says_batch_size_none(ds: pqloader.ParquetDataset,
+                                                             workers: int) -> None:
+    """torch's DataLoader without batch_size=None collates: in the process, every tensor came
+    with one more dimension ([1, B]), silently; in workers, torch's "default_collate: batch
+    must contain tensors..." named a class of pqloader's (found in review)."""
+    it = ds.to_torch(batch_size=BATCH)
+    with pytest.raises(Exception, match=r"pass it batch_size=None"):
+        next(iter(torch.utils.data.DataLoader(it, num_workers=workers)))
+    batch = next(iter(torch.utils.data.DataLoader(it, batch_size=None, num_workers=workers)))
+    assert isinstance(batch, dict) and batch["id"].shape == (BATCH,)
+
+
 def test_to_torch_set_epoch_reaches_persistent_workers(ds: pqloader.ParquetDataset) -> None:
     it = ds.to_torch(batch_size=BATCH, shuffle=True, seed=0)
     loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2,
