@@ -26,10 +26,10 @@ Not told: ranks whose only pass ends before rank 0 publishes; rank 0 if its last
 the others compare (each rank that differs is told); the epoch and the cursor (a rank may peek at
 a batch before training). ``ds.to_torch()`` is checked in the process that holds it, never in
 torch's workers: at ``set_epoch`` and ``len()``, and at each batch it makes itself
-(``num_workers=0``). Its rank 0 publishes as it is built, and the other ranks' first look waits
-for that (up to ``FIRST_WAIT_S``, then warned of): under torch's workers no later look may come
-within the epoch. If the process that holds the store (rank 0's, under
-``init_method="tcp://"``) is stopped, a look waits as a collective would.
+(``num_workers=0``). Its rank 0 publishes as it is built, and the other ranks' first look at
+``set_epoch`` or an iteration waits for that (up to ``FIRST_WAIT_S``, then warned of): under
+torch's workers no later look may come within the epoch. If the process that holds the store
+(rank 0's, under ``init_method="tcp://"``) is stopped, a look waits as a collective would.
 """
 
 from __future__ import annotations

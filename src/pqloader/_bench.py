@@ -105,9 +105,10 @@ def bench(dataset: ParquetDataset, *, max_batches: int | None = None, progress: 
                 if epochs or settled:
                     loader.set_epoch(loader.epoch + 1)
                 going = iter(loader)
-            epochs += 1
             before = batches
             for batch in going:
+                if batches == before:  # an epoch a timed batch came from (not the warm-up's
+                    epochs += 1  # pass when it ended with its last batch)
                 if first is None:
                     first = time.perf_counter() - start
                 rows += _rows_of(batch)

@@ -39,9 +39,7 @@ class LoaderConfig:
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
         for name in ("shuffle", "drop_last"):  # shuffle="no" read as True, silently
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise InvalidArgumentError(
-                    f"{name} must be True or False, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, flag(name, getattr(self, name)))
         if self.memory_budget_bytes is not None:
             check_positive("memory_budget_bytes", self.memory_budget_bytes)
         check_positive("seed", self.seed, allow_zero=True)
@@ -111,9 +109,7 @@ class WorkerConfig:
         check_positive("num_workers", self.num_workers, allow_zero=True)
         check_positive("prefetch_factor", self.prefetch_factor)
         for name in ("pin_memory", "persistent_workers"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise InvalidArgumentError(
-                    f"{name} must be True or False, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, flag(name, getattr(self, name)))
         if self.worker_type not in ("thread", "process"):
             raise InvalidArgumentError(
                 f"worker_type must be 'thread' or 'process', got {self.worker_type!r}"
@@ -137,6 +133,18 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
+
+
+def flag(name: str, value: Any) -> bool:
+    """A yes/no argument as a bool: True, False, 0, 1, numpy's and torch's booleans (as torch
+    takes them: configs from YAML or argparse hold 0 and 1); a string or None is refused."""
+    try:
+        as_number = int(value) if bool(int(value) == value) else -1  # (not 0.5)
+    except (TypeError, ValueError, RuntimeError):
+        as_number = -1
+    if isinstance(value, (str, bytes)) or as_number not in (0, 1):
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
+    return bool(as_number)
 
 
 def resolve_num_workers(num_workers: int | str, worker_type: str) -> tuple[int, bool]:

@@ -295,10 +295,14 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         check_world(self._planner.config.world, "dataset (ds.to_torch())")
         return {**self.__dict__, "_agreement": None}
 
-    def _check_ranks(self, *, now: bool) -> None:
+    def _check_ranks(self, *, now: bool, wait: bool = True) -> None:
+        """Compare with rank 0 (_agree.py); the first look before an epoch (``wait``) waits
+        for rank 0's plan. ``len()`` does not: called for a progress bar or a scheduler's
+        steps, it stalled 30 s where rank 0 builds no such loader (found in review)."""
         if self._agreement is not None:
             self._agreement.begin(self._planner.agreed())
-            self._agreement.wait_for_rank0(FIRST_WAIT_S)
+            if wait:
+                self._agreement.wait_for_rank0(FIRST_WAIT_S)
             self._agreement.poll(now=now)
 
     @classmethod
@@ -336,7 +340,7 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
 
     def __len__(self) -> int:
         """Batches of this epoch on this rank (over all of torch's workers together)."""
-        self._check_ranks(now=False)
+        self._check_ranks(now=False, wait=False)
         return self._planner.epoch_batches(self._cursor.get()[0])
 
     def __iter__(self) -> Iterator[Any]:

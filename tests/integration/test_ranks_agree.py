@@ -91,14 +91,17 @@ def _rank(rank: int, port: int, case: str, source: str, out: str) -> None:
                 import warnings
 
                 from pqloader import _torch as torch_module
-                torch_module.FIRST_WAIT_S = 0.5  # type: ignore[misc]
+                torch_module.FIRST_WAIT_S = 2.0  # type: ignore[misc]
                 kw.pop("num_workers")
                 it = _torch_iterable(files, kw)
                 with warnings.catch_warnings(record=True) as seen:
                     warnings.simplefilter("always")
+                    began = time.monotonic()
+                    len(it)  # a progress bar's: no wait (it stalled 30 s, found in review)
+                    took = time.monotonic() - began
                     it.set_epoch(0)
                     rows += sum(len(b["id"]) for b in it)
-                told = " ".join(str(w.message) for w in seen)
+                told = f"len() took {took:.1f} s; " + " ".join(str(w.message) for w in seen)
             raise pqloader.InvalidArgumentError(told)
         if case.startswith("to_torch"):  # torch's DataLoader over ds.to_torch()
             workers = int(case[-1])
@@ -196,8 +199,10 @@ def test_to_torch_rank_0_that_builds_no_loader_is_waited_for_a_while(
     source = make_dataset(1000, rows_per_file=250, row_group_size=50)
     _, second = _run("to_torch, rank 0 builds none", source, tmp_path / "out")
     assert second["rows"] == 500, second  # its epoch, unchecked, after the warning
-    assert second["told"].startswith("rank 1: rank 0 has not published its plan of the loader "
-                                     f"built at {TORCH_BUILT_AT} within 0.5 s"), second
+    took, said = second["told"].split("; ", 1)
+    assert float(took.split()[2]) < 1.5, second  # not the 2 s set_epoch waits
+    assert said.startswith("rank 1: rank 0 has not published its plan of the loader "
+                           f"built at {TORCH_BUILT_AT} within 2 s"), second
 
 
 def test_a_rank_given_local_rank_is_told(make_dataset: Any, tmp_path: Path) -> None:

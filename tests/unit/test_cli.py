@@ -689,6 +689,9 @@ def test_bench_times_its_batches_in_the_warm_up_pass(make_dataset, monkeypatch) 
     passes.clear()  # across an epoch's end: that start is timed, as in training
     result = bench(ds, batch_size=100, max_batches=7, settle_s=5, num_workers=0)
     assert (result.rows, result.epochs, len(passes)) == (700, 2, 2)
+    for most in (10, None):  # a warm-up ending with its epoch: the timed batches are all the
+        result = bench(ds, batch_size=100, max_batches=most, settle_s=5, num_workers=0)
+        assert (result.rows, result.epochs) == (1000, 1)  # next one's (counted 2, in review)
 
 
 def test_bench_stops_after_max_batches(make_dataset, capsys) -> None:

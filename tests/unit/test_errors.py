@@ -224,6 +224,23 @@ def test_bad_loader_arguments(tmp_path: Path, kwargs: dict[str, Any], name: str)
     _assert_error(info.value, pqloader.InvalidArgumentError, ValueError, name)
 
 
+def test_yes_or_no_arguments_take_what_torch_takes(tmp_path: Path) -> None:
+    """0 and 1 (configs from YAML or argparse), numpy's and torch's booleans, as torch's
+    DataLoader takes them; made bools, so that every rank's settings compare alike."""
+    import torch
+
+    pq.write_table(_table(10), tmp_path / "part-00000.parquet")
+    ds = pqloader.ParquetDataset(tmp_path)
+    for yes in (1, np.bool_(True), torch.tensor(True)):
+        loader = pqloader.DataLoader(ds, batch_size=4, shuffle=yes, drop_last=yes,
+                                     pin_memory=0, num_workers=1, persistent_workers=yes)
+        assert loader.config.shuffle is True and loader.config.drop_last is True
+        assert loader.state_dict()["settings"]["shuffle"] is True
+    assert ds.to_torch(batch_size=4, shuffle=1)._planner.config.shuffle is True
+    with pytest.raises(pqloader.InvalidArgumentError, match="shuffle must be True or False"):
+        pqloader.DataLoader(ds, batch_size=4, shuffle=0.5)
+
+
 def test_the_loader_given_to_torchs_dataloader_says_what_to_do(tmp_path: Path) -> None:
     """torch's DataLoader took it for a map-style dataset: "'DataLoader' object is not
     subscriptable" (a first-use mistake, found in review)."""
