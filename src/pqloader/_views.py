@@ -60,23 +60,48 @@ def plain(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
 
 
 def _plain_array(array: pa.Array, to: pa.DataType, where: str, name: str) -> pa.Array:
-    if pa.types.is_list_view(array.type) or pa.types.is_large_list_view(array.type):
+    """``array`` as ``to`` (its :func:`_unview`), containers rebuilt around their children:
+    pyarrow's cast of a list view, or of a list or map holding one, makes an invalid array."""
+    t = array.type
+    if t == to:
+        return array
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
         values = pc.list_flatten(array)  # in the rows' order, whatever the views' offsets
         lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
         offsets = np.zeros(len(array) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        values = _plain_array(values, to.value_type, where, name)
-        make = pa.ListArray if pa.types.is_list(to) else pa.LargeListArray
-        kind = pa.int32() if pa.types.is_list(to) else pa.int64()
-        return make.from_arrays(pa.array(offsets, kind), values, type=to,
-                                mask=array.is_null() if array.null_count else None)
-    if array.type == to:
-        return array
-    out = array.cast(to)
+        return _listed(to, offsets, _plain_array(values, to.value_type, where, name), mask)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):  # offsets into the whole child
+        return _listed(to, array.offsets.to_numpy(),
+                       _plain_array(array.values, to.value_type, where, name), mask)
+    if pa.types.is_fixed_size_list(t):
+        size = t.list_size
+        values = array.values.slice(array.offset * size, len(array) * size)
+        return pa.FixedSizeListArray.from_arrays(
+            _plain_array(values, to.value_type, where, name), type=to, mask=mask)
+    if pa.types.is_map(t):
+        return pa.MapArray.from_arrays(
+            array.offsets, _plain_array(array.keys, to.key_type, where, name),
+            _plain_array(array.items, to.item_type, where, name), type=to, mask=mask)
+    if pa.types.is_struct(t):
+        return pa.StructArray.from_arrays(
+            [_plain_array(array.field(i), to.field(i).type, where, name)
+             for i in range(t.num_fields)], fields=list(to), mask=mask)
+    out = array.cast(to)  # string and binary views, dictionaries of them
     try:
         out.validate()
-    except pa.ArrowInvalid as exc:  # a view inside a struct or map, cast wrong by pyarrow
+    except pa.ArrowInvalid as exc:  # a cast pyarrow gets wrong
         raise DataError(
-            f"{where}: column {name!r} ({array.type}) could not be read as {to} ({exc}); "
-            "leave it out with columns=[...], or write it without views") from exc
+            f"{where}: column {name!r} ({t}) could not be read as {to} ({exc}); leave it out "
+            "with columns=[...], or write it without views") from exc
     return out
+
+
+def _listed(to: pa.DataType, offsets: np.ndarray, values: pa.Array,
+            mask: pa.Array | None) -> pa.Array:
+    """A list (or large list) array of type ``to`` from its offsets and values."""
+    large = pa.types.is_large_list(to)
+    make = pa.LargeListArray if large else pa.ListArray
+    return make.from_arrays(pa.array(offsets, pa.int64() if large else pa.int32()), values,
+                            type=to, mask=mask)
