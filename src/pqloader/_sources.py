@@ -185,6 +185,8 @@ def list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | N
             raise incomplete_error(f"{root}/{rel.rpartition('/')[0]}".rstrip("/"))
         elif not any(is_hidden(part) for part in rel.split("/")):
             data.append(obj)
+    if not data and http:  # fsspec lists an unreachable host as empty: asked, it says so
+        store.info_and_type(root + "/")  # (the folder, or the error of its request)
     if not data:
         raise EmptyDatasetError(
             f"{source}: the folder is missing or holds no data file (names starting with '_' "

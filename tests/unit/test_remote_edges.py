@@ -93,6 +93,8 @@ def test_a_host_that_cannot_be_reached_is_said_so() -> None:
     with pytest.raises(pqloader.RemoteIOError, match=r"http://127\.0\.0\.1:1/x\.parquet: no "
                        r"connection was made \(ConnectionRefusedError: .*check the URL's host"):
         pqloader.ParquetDataset("http://127.0.0.1:1/x.parquet", retry=policy)
+    with pytest.raises(pqloader.RemoteIOError, match=r"/d/: no connection was made"):
+        pqloader.ParquetDataset("http://127.0.0.1:1/d/", retry=policy)  # (listed as empty)
     refused = _raised_from(EndpointConnectionError(endpoint_url="http://127.0.0.1:1/b/k"),
                            ConnectionRefusedError(111, "refused"))
     said = str(remote_error("s3://b/k", refused, 10, "transient"))
