@@ -151,8 +151,7 @@ class FragmentReader:
                 raise SchemaMismatchError(
                     f"{d.files[file_index].path}: row group {i} holds {rows:,} rows, "
                     f"{indexed.get(i, 0):,} when the dataset was opened; {_CHANGED}")
-        if footer.num_row_groups < len(indexed) or any(i >= footer.num_row_groups
-                                                       for i in indexed):
+        if any(i >= footer.num_row_groups for i in indexed):
             raise SchemaMismatchError(
                 f"{d.files[file_index].path} has {footer.num_row_groups} row groups, fewer "
                 f"than when the dataset was opened; {_CHANGED}")
