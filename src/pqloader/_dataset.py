@@ -294,4 +294,3 @@ def _decodes(column: pa.ChunkedArray) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-

@@ -423,4 +423,3 @@ def _refuse_torch_order(**given: Any) -> None:
                 "seed=<int> for the order, the ranks from torch.distributed); for an order of "
                 "your own, give torch.utils.data.DataLoader the map-style dataset "
                 f"(DataLoader(ds, {name}=...)): rows are then read one by one, slower")
-

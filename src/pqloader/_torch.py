@@ -408,4 +408,3 @@ def _register(*kinds: type) -> None:
 
 
 _register(Batch, PackedBatch)
-

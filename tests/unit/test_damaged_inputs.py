@@ -255,4 +255,3 @@ def test_a_manifest_whose_rows_are_not_the_footers_is_told_at_the_read(tmp_path:
     with pytest.raises(pqloader.SchemaMismatchError, match=r"part-00001\.parquet: row group 0 "
                        r"holds 250 rows, 0 when the dataset was opened"):
         list(pqloader.DataLoader(ds, batch_size=100))
-
