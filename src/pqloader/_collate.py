@@ -312,7 +312,6 @@ def _texts(values: pa.Array, name: str) -> list[Any]:
     return out
 
 
-
 def to_arrow(columns: Mapping[str, pa.Array]) -> pa.RecordBatch:
     """A batch of columns prepared with ``kind=None`` as an Arrow record batch."""
     return pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
