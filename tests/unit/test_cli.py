@@ -734,7 +734,7 @@ def test_tune_ranks_settings_best_first(make_dataset, capsys) -> None:
     assert rates == sorted(rates, reverse=True)
     assert all(r["rows"] >= 500 and r["seconds"] >= 0.3 for r in ranked)  # on past 5 batches
     auto = next(r for r in ranked if r["num_workers"] == "auto")
-    assert auto["auto_threads"] in range(3) and "auto_settled" in auto
+    assert auto["auto_threads"] in range(9) and "auto_settled" in auto  # (up to 8 cores)
     code, out, _ = run(capsys, "tune", make_dataset(2000), "--batch-size", "100",
                        "--max-batches", "5", "--repeats", "1", "--settle-s", "0.5",
                        "--trial-s", "0")
