@@ -172,6 +172,7 @@ class DataLoader:
         self._batches = 0  # batches of self._epoch yielded so far (what state_dict saves)
         self._passes = 0  # iterations begun: only the latest one moves the cursor
         self._resume: int | None = None  # batches to skip in the next iteration (restored)
+        self._resumed_pass: int | None = None  # the pass under way that a state resumed
         self.device = resolve_device(device)
         pin = pin_memory and torch.cuda.is_available()
         if pin_memory and not pin:
@@ -228,7 +229,10 @@ class DataLoader:
         """Batches of this epoch on this rank (the same on every rank): a whole epoch's, also
         after a resume. For an epoch resumed under other settings (world size, batch size),
         the batches before the state plus those dealt after it, so it may differ from the
-        epochs before and after."""
+        epochs before and after; once that pass is over, the whole epoch a next pass makes
+        (it said the resumed length until that pass began, found by fuzzing)."""
+        if self._resume is None and self._resumed_pass is None:
+            return len(self._planner)  # (the next pass plans a whole epoch)
         return self._planner.epoch_batches(self._epoch)
 
     # -- resume -----------------------------------------------------------------------------
@@ -323,6 +327,7 @@ class DataLoader:
         self._resume, self._batches = None, start
         self._passes += 1
         this_pass = self._passes  # an older pass's iterator, resumed by hand, counts no more
+        self._resumed_pass = this_pass if self._planner.origin is not None else None
         w = self.workers
         if (memory := self._planner.stages.memory) is not None:
             memory.start()  # thread workers only (checked in __init__): one process counts
@@ -348,17 +353,21 @@ class DataLoader:
             origin = self._planner.origin
             named = plan_name(origin[1] if origin is not None and origin[0] == epoch else None,
                               c.world.world_size, c.batch_size, c.drop_last)
-        for k, batch in enumerate(batches, start + 1):
-            self._agreement.poll()
-            if memory is not None:
-                memory.warn_if_over()
-            if self._audit is not None:
-                batch, rows = batch
-                self._audit.record(epoch, k - 1, rows, named, made=batch)
-            if self._passes == this_pass and self._epoch == epoch:
-                self._batches = k  # counted before the caller has it: a state now excludes it
-            yield batch
-        self._agreement.poll(now=True)
+        try:
+            for k, batch in enumerate(batches, start + 1):
+                self._agreement.poll()
+                if memory is not None:
+                    memory.warn_if_over()
+                if self._audit is not None:
+                    batch, rows = batch
+                    self._audit.record(epoch, k - 1, rows, named, made=batch)
+                if self._passes == this_pass and self._epoch == epoch:
+                    self._batches = k  # counted before the caller has it: a state now
+                yield batch  # excludes it
+            self._agreement.poll(now=True)
+        finally:
+            if self._resumed_pass == this_pass:
+                self._resumed_pass = None
 
     # -- delivery ---------------------------------------------------------------------------
     def _iter_threads(self, plan: RankPlan, epoch: int, start: int) -> Iterator[Any]:

@@ -416,3 +416,29 @@ def test_len_after_an_elastic_resume_deals_the_remainder_once(
     assert calls == [1] and lengths == {len(resumed)}
     ids = [int(i) for batch in resumed for i in batch["id"]]
     assert len(ids) == len(set(ids)) and calls[0] <= 2  # the pass plans with its num_workers
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_len_after_an_elastically_resumed_pass_is_the_next_passs(make_dataset: Any,
+                                                                 finished: bool) -> None:
+    """Once the resumed pass is over (or broken off), the next pass of the epoch plans it
+    whole under the new settings: len() still said the resumed epoch's length, 68 against
+    the 20 batches it then yielded (found by fuzzing configurations)."""
+    ds = pqloader.ParquetDataset(make_dataset(1000, rows_per_file=400, row_group_size=50))
+    old = pqloader.DataLoader(ds, batch_size=10, shuffle=True, seed=1, num_workers=0)
+    it = iter(old)
+    for _ in range(60):
+        next(it)
+    state = old.state_dict()
+    it.close()  # type: ignore[attr-defined]
+    new = pqloader.DataLoader(ds, batch_size=50, shuffle=True, seed=1, num_workers=0)
+    new.load_state_dict(state)
+    assert len(new) == 68  # 60 before the state, and the 8 the rest makes at 50
+    resumed = iter(new)
+    next(resumed)
+    assert len(new) == 68  # while it runs
+    if finished:
+        assert sum(1 for _ in resumed) == 7
+    else:
+        resumed.close()  # type: ignore[attr-defined]
+    assert len(new) == 20 == sum(1 for _ in new)
