@@ -140,9 +140,10 @@ def flag(name: str, value: Any) -> bool:
     takes them: configs from YAML or argparse hold 0 and 1); a string or None is refused."""
     try:
         as_number = int(value) if bool(int(value) == value) else -1  # (not 0.5)
-    except (TypeError, ValueError, RuntimeError):
+    except (TypeError, ValueError, RuntimeError, OverflowError):
         as_number = -1
-    if isinstance(value, (str, bytes)) or as_number not in (0, 1):
+    shaped = bool(getattr(value, "ndim", False))  # an array of one: not a yes or a no
+    if isinstance(value, (str, bytes)) or shaped or as_number not in (0, 1):
         raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
     return bool(as_number)
 

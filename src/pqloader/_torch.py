@@ -373,7 +373,7 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
             for batch in batches:
                 if memory is not None:
                     memory.warn_if_over()
-                yield Batch(batch) if type(batch) is dict else batch
+                yield batch
                 self._check_ranks(now=False)
         elif self._planner.stages.audit:  # (batch, row numbers) pairs
             for batch, rows in batches:
@@ -382,15 +382,12 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
             yield from map(compact, batches)
 
 
-class Batch(dict):  # type: ignore[type-arg]
-    """A batch ``ds.to_torch()`` yields in the process that iterates it: a dict, which torch's
-    default collation refuses, saying why (:func:`refuse_collation`)."""
-
-
 def refuse_collation(batch: Any, *, collate_fn_map: Any = None) -> Any:
-    """torch's ``default_collate`` given batches of ``ds.to_torch()``: its ``DataLoader`` was
-    not given ``batch_size=None``. With torch's default of 1, every tensor came with one more
-    dimension ([1, 256, 9]), silently (found in review)."""
+    """torch's ``default_collate`` given batches of ``ds.to_torch()`` packed in its worker
+    processes: its ``DataLoader`` was not given ``batch_size=None`` (torch's own error named a
+    class of pqloader's, found in review). In the caller's process they are plain dicts,
+    collated as torch does: a dict subclass to refuse them there broke ``torch.load``, pytree
+    maps and batches merged on purpose (found in review)."""
     raise InvalidArgumentError(
         "torch's DataLoader is collating the batches of ds.to_torch() (its batch_size is 1 "
         "unless given): pass it batch_size=None, since each item is already a batch of the "
@@ -407,4 +404,4 @@ def _register(*kinds: type) -> None:
         default_collate_fn_map.setdefault(kind, refuse_collation)
 
 
-_register(Batch, PackedBatch)
+_register(PackedBatch)

@@ -81,8 +81,9 @@ def _plain_array(array: pa.Array, to: pa.DataType, where: str, name: str) -> pa.
         return pa.FixedSizeListArray.from_arrays(
             _plain_array(values, to.value_type, where, name), type=to, mask=mask)
     if pa.types.is_map(t):
-        return pa.MapArray.from_arrays(
-            array.offsets, _plain_array(array.keys, to.key_type, where, name),
+        return pa.MapArray.from_arrays(  # (offsets of their own: a slice's say its offset)
+            pa.array(array.offsets.to_numpy()), _plain_array(array.keys, to.key_type, where,
+                                                              name),
             _plain_array(array.items, to.item_type, where, name), type=to, mask=mask)
     if pa.types.is_struct(t):
         return pa.StructArray.from_arrays(

@@ -579,17 +579,21 @@ def test_to_torch_inline(ds: pqloader.ParquetDataset) -> None:
     assert flat(batches) == list(range(ROWS - ROWS % BATCH))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_to_torch_under_torch_collation_says_batch_size_none(ds: pqloader.ParquetDataset,
-                                                             workers: int) -> None:
-    """torch's DataLoader without batch_size=None collates: in the process, every tensor came
-    with one more dimension ([1, B]), silently; in workers, torch's "default_collate: batch
-    must contain tensors..." named a class of pqloader's (found in review)."""
+def test_to_torch_under_torch_collation_says_batch_size_none(
+        ds: pqloader.ParquetDataset) -> None:
+    """torch's DataLoader without batch_size=None collates, in its workers, the batches they
+    packed: torch's "default_collate: batch must contain tensors..." named a class of
+    pqloader's (found in review). In the caller's process batches are plain dicts, which
+    torch collates as it does any (merging batches on purpose stays possible)."""
     it = ds.to_torch(batch_size=BATCH)
     with pytest.raises(Exception, match=r"pass it batch_size=None"):
-        next(iter(torch.utils.data.DataLoader(it, num_workers=workers)))
-    batch = next(iter(torch.utils.data.DataLoader(it, batch_size=None, num_workers=workers)))
-    assert isinstance(batch, dict) and batch["id"].shape == (BATCH,)
+        next(iter(torch.utils.data.DataLoader(it, num_workers=2)))
+    for workers in (0, 2):
+        batch = next(iter(torch.utils.data.DataLoader(it, batch_size=None,
+                                                      num_workers=workers)))
+        assert type(batch) is dict and batch["id"].shape == (BATCH,)
+    merged = next(iter(torch.utils.data.DataLoader(it, batch_size=2)))
+    assert merged["id"].shape == (2, BATCH)
 
 
 def test_to_torch_set_epoch_reaches_persistent_workers(ds: pqloader.ParquetDataset) -> None:

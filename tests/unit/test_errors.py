@@ -237,8 +237,9 @@ def test_yes_or_no_arguments_take_what_torch_takes(tmp_path: Path) -> None:
         assert loader.config.shuffle is True and loader.config.drop_last is True
         assert loader.state_dict()["settings"]["shuffle"] is True
     assert ds.to_torch(batch_size=4, shuffle=1)._planner.config.shuffle is True
-    with pytest.raises(pqloader.InvalidArgumentError, match="shuffle must be True or False"):
-        pqloader.DataLoader(ds, batch_size=4, shuffle=0.5)
+    for no in (0.5, float("inf"), np.array([1]), torch.tensor([1])):  # inf: OverflowError
+        with pytest.raises(pqloader.InvalidArgumentError, match="shuffle must be True or "):
+            pqloader.DataLoader(ds, batch_size=4, shuffle=no)
 
 
 def test_the_loader_given_to_torchs_dataloader_says_what_to_do(tmp_path: Path) -> None:
