@@ -234,8 +234,8 @@ class Store:
         folder markers left out (:func:`_no_markers`)."""
         found = self._call(lambda: self.fs.find(path, detail=True, withdirs=False), path,
                            timeout_s=self.retry.list_timeout_s)
-        objects = _no_markers([_object_info(i) for i in found.values()], path)
-        return sorted(objects, key=lambda o: o.path)
+        objects = _no_markers([_object_info(i) for i in found.values() if i], path)  # ({}:
+        return sorted(objects, key=lambda o: o.path)  # fsspec's HTTP lists an empty folder so)
 
     def glob(self, pattern: str) -> list[ObjectInfo]:
         """The objects ``pattern`` matches, and those below the folders it matches (Spark's

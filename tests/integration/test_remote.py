@@ -402,6 +402,17 @@ def test_http_every_row_exactly_once(http_server: Callable[[Path], str],
     assert ds[7] == {"id": 14, "x": pytest.approx(2.0), "tok": [14] * 4, "part": 0}
 
 
+def test_http_an_empty_folder_is_said_so(http_server: Callable[[Path], str],
+                                         tmp_path: Path) -> None:
+    """fsspec's HTTP lists a folder whose index page has no link as itself, with no
+    details: it was read as a data file, 'http://: no such object ()' (found in review)."""
+    (tmp_path / "empty").mkdir()
+    url = http_server(tmp_path)
+    with pytest.raises(pqloader.EmptyDatasetError, match=r"/empty/: the folder is missing "
+                       "or holds no data file"):
+        pqloader.ParquetDataset(f"{url}/empty/")
+
+
 def test_http_a_folder_is_listed_without_a_redirect(tmp_path: Path) -> None:
     """The folder's "/" was dropped before listing it: nginx redirected (301), a round trip
     more at each open (found in review)."""
