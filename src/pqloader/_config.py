@@ -148,6 +148,18 @@ def flag(name: str, value: Any) -> bool:
     return bool(as_number)
 
 
+def refuse_torch_order(**given: Any) -> None:
+    """torch's ``sampler``, ``batch_sampler`` and ``generator``, refused by name (they were
+    Python's bare "unexpected keyword argument")."""
+    for name, value in given.items():
+        if value is not None:
+            raise InvalidArgumentError(
+                f"{name}= is torch's: pqloader.DataLoader orders the rows itself (shuffle=True, "
+                "seed=<int> for the order, the ranks from torch.distributed); for an order of "
+                "your own, give torch.utils.data.DataLoader the map-style dataset "
+                f"(DataLoader(ds, {name}=...)): rows are then read one by one, slower")
+
+
 def resolve_num_workers(num_workers: int | str, worker_type: str) -> tuple[int, bool]:
     """(workers: the streams planned, or for ``"auto"`` the most threads and windows read
     ahead; whether to tune the active threads online)."""

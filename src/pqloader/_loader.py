@@ -13,7 +13,13 @@ import torch.utils.data
 from ._agree import Agreement, built_at
 from ._audit import AuditLog, plan_name
 from ._autotune import ThreadTuner, TunerReport
-from ._config import LoaderConfig, WorkerConfig, WorkerType, resolve_num_workers
+from ._config import (
+    LoaderConfig,
+    WorkerConfig,
+    WorkerType,
+    refuse_torch_order,
+    resolve_num_workers,
+)
 from ._deliver import Delivery, OncePerIndex
 from ._device import Placement, resolve_device
 from ._errors import (
@@ -131,7 +137,7 @@ class DataLoader:
             raise InvalidArgumentError(
                 f"dataset must be a pqloader.ParquetDataset, got {type(dataset).__name__}"
             )
-        _refuse_torch_order(sampler=sampler, batch_sampler=batch_sampler, generator=generator)
+        refuse_torch_order(sampler=sampler, batch_sampler=batch_sampler, generator=generator)
         self.config = LoaderConfig(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
             shuffle_window_rows=shuffle_window_rows, transform=transform,
@@ -420,15 +426,3 @@ class DataLoader:
             delivery.check()
         finally:
             delivery.close()
-
-
-def _refuse_torch_order(**given: Any) -> None:
-    """torch's ``sampler``, ``batch_sampler`` and ``generator``, refused by name (they were
-    Python's bare "unexpected keyword argument")."""
-    for name, value in given.items():
-        if value is not None:
-            raise InvalidArgumentError(
-                f"{name}= is torch's: pqloader.DataLoader orders the rows itself (shuffle=True, "
-                "seed=<int> for the order, the ranks from torch.distributed); for an order of "
-                "your own, give torch.utils.data.DataLoader the map-style dataset "
-                f"(DataLoader(ds, {name}=...)): rows are then read one by one, slower")

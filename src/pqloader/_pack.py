@@ -14,6 +14,7 @@ import torch
 import torch.utils.data
 
 from . import _ring
+from ._errors import InvalidArgumentError
 
 _ALIGN = 64  # bytes: every packed tensor starts on a cache line
 _SMALL = 8  # a tensor under 1/8 of its batch's buffer is small (cloned, if all are together)
@@ -268,3 +269,23 @@ def trim(value: Any) -> Any:
     if isinstance(value, pa.RecordBatch):
         return pa.RecordBatch.from_arrays([trim(c) for c in value.columns], schema=value.schema)
     return pa.Table.from_batches([trim(b) for b in value.to_batches()], schema=value.schema)
+
+
+def _refuse_collation(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    """torch's ``default_collate`` given packed batches: a ``DataLoader`` over
+    ``ds.to_torch()`` not given ``batch_size=None`` collates them in its workers (torch's own
+    error named this class, found in review). In the caller's process batches are plain dicts,
+    collated as torch does: a dict subclass to refuse them there broke ``torch.load``, pytree
+    maps and batches merged on purpose (found in review)."""
+    raise InvalidArgumentError(
+        "torch's DataLoader is collating the batches of ds.to_torch() (its batch_size is 1 "
+        "unless given): pass it batch_size=None, since each item is already a batch of the "
+        "batch_size given to to_torch()")
+
+
+try:  # torch's table of collations by type (private: where it moved, collated as before)
+    from torch.utils.data._utils.collate import default_collate_fn_map
+except ImportError:  # pragma: no cover
+    pass
+else:
+    default_collate_fn_map.setdefault(PackedBatch, _refuse_collation)

@@ -16,7 +16,7 @@ from ._config import LoaderConfig
 from ._errors import InvalidArgumentError, StateMismatchError, check_positive
 from ._fit import check_nulls, check_room, warn_unmixed
 from ._memory import MemoryBudget
-from ._pack import PackedBatch, compact
+from ._pack import compact
 from ._pipeline import Stages, finish, raw_batches, worker_batches
 from ._plan import RankPlan, num_batches, plan_epoch
 from ._remainder import own_remaining, plan_remainder, rank_share, recut, remaining
@@ -380,28 +380,3 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
                 yield compact(batch), rows
         else:
             yield from map(compact, batches)
-
-
-def refuse_collation(batch: Any, *, collate_fn_map: Any = None) -> Any:
-    """torch's ``default_collate`` given batches of ``ds.to_torch()`` packed in its worker
-    processes: its ``DataLoader`` was not given ``batch_size=None`` (torch's own error named a
-    class of pqloader's, found in review). In the caller's process they are plain dicts,
-    collated as torch does: a dict subclass to refuse them there broke ``torch.load``, pytree
-    maps and batches merged on purpose (found in review)."""
-    raise InvalidArgumentError(
-        "torch's DataLoader is collating the batches of ds.to_torch() (its batch_size is 1 "
-        "unless given): pass it batch_size=None, since each item is already a batch of the "
-        "batch_size given to to_torch()")
-
-
-def _register(*kinds: type) -> None:
-    """Make torch's default collation refuse ``kinds`` (its table is torch's own: private)."""
-    try:
-        from torch.utils.data._utils.collate import default_collate_fn_map
-    except ImportError:  # pragma: no cover - the table moved: collated as before
-        return
-    for kind in kinds:
-        default_collate_fn_map.setdefault(kind, refuse_collation)
-
-
-_register(PackedBatch)
