@@ -134,9 +134,7 @@ class DataLoader:
         from ._dataset import ParquetDataset
 
         if not isinstance(dataset, ParquetDataset):
-            raise InvalidArgumentError(
-                f"dataset must be a pqloader.ParquetDataset, got {type(dataset).__name__}"
-            )
+            raise InvalidArgumentError(_not_a_dataset(dataset))
         refuse_torch_order(sampler=sampler, batch_sampler=batch_sampler, generator=generator)
         self.config = LoaderConfig(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
@@ -426,3 +424,14 @@ class DataLoader:
             delivery.check()
         finally:
             delivery.close()
+
+
+def _not_a_dataset(dataset: Any) -> str:
+    """What to do with a ``dataset=`` that is not a ParquetDataset."""
+    told = f"dataset must be a pqloader.ParquetDataset, got {type(dataset).__name__}"
+    if isinstance(dataset, (str, os.PathLike)):
+        return (f"{told}: open it first, pqloader.DataLoader(pqloader.ParquetDataset("
+                f"{os.fspath(dataset)!r}), batch_size=...)")
+    if hasattr(dataset, "__getitem__") or hasattr(dataset, "__iter__"):
+        return f"{told}: for another dataset, use torch.utils.data.DataLoader"
+    return told

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -222,6 +223,20 @@ def test_bad_loader_arguments(tmp_path: Path, kwargs: dict[str, Any], name: str)
     with pytest.raises(ValueError) as info:
         pqloader.DataLoader(ds, **kwargs)
     _assert_error(info.value, pqloader.InvalidArgumentError, ValueError, name)
+
+
+def test_a_path_or_another_dataset_given_to_the_loader_says_what_to_do(tmp_path: Path) -> None:
+    """The README's 'DataLoader(ParquetDataset(path))' is easy to shorten to DataLoader(path)."""
+    import torch.utils.data
+
+    for given, told in ((str(tmp_path), "open it first, pqloader.DataLoader(pqloader."
+                                        f"ParquetDataset({str(tmp_path)!r})"),
+                        (tmp_path, "open it first"),
+                        (torch.utils.data.TensorDataset(torch.zeros(3)),
+                         "use torch.utils.data.DataLoader"),
+                        (None, "got NoneType")):
+        with pytest.raises(pqloader.InvalidArgumentError, match=re.escape(told)):
+            pqloader.DataLoader(given, batch_size=4)  # type: ignore[arg-type]
 
 
 def test_yes_or_no_arguments_take_what_torch_takes(tmp_path: Path) -> None:
