@@ -160,6 +160,21 @@ def refuse_torch_order(**given: Any) -> None:
                 f"(DataLoader(ds, {name}=...)): rows are then read one by one, slower")
 
 
+def refuse_torch_placement(*, in_order: Any, pin_memory_device: Any) -> None:
+    """torch's ``in_order=False`` and ``pin_memory_device=``, refused by name (they were
+    Python's bare "unexpected keyword argument")."""
+    if not flag("in_order", in_order):
+        raise InvalidArgumentError(
+            "in_order=False: pqloader.DataLoader yields batches in the plan's order always "
+            "(an exact resume counts on it), a slow batch holding those after it as torch's "
+            "default does; leave in_order out")
+    if pin_memory_device:
+        raise InvalidArgumentError(
+            f"pin_memory_device={pin_memory_device!r} is torch's (deprecated there): "
+            "device='cuda' delivers batches on the device, staged in pinned memory; "
+            "pin_memory=True pins them for the current device")
+
+
 def resolve_num_workers(num_workers: int | str, worker_type: str) -> tuple[int, bool]:
     """(workers: the streams planned, or for ``"auto"`` the most threads and windows read
     ahead; whether to tune the active threads online)."""

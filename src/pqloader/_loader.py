@@ -18,6 +18,7 @@ from ._config import (
     WorkerConfig,
     WorkerType,
     refuse_torch_order,
+    refuse_torch_placement,
     resolve_num_workers,
 )
 from ._deliver import Delivery, OncePerIndex
@@ -50,7 +51,9 @@ class DataLoader:
         batch_size: rows per batch; only the rank's last batch may be shorter.
         shuffle: mix rows: row groups in a seeded random order, then rows permuted inside
             windows of ``shuffle_window_rows`` rows (default: about 64 MiB of decoded data).
-        seed: with the epoch, fixes the order. Every rank must pass the same seed.
+        seed: with the epoch, fixes the order and the transforms' ``rng``. Every rank must
+            pass the same seed. It is the loader's own: ``torch.manual_seed`` does not change
+            it, so vary ``seed=`` for runs of other orders.
         num_workers: threads (default) or processes making batches; 0 makes them in the caller.
             ``"auto"``: the batches of ``num_workers=0`` (one stream, whatever the tuning;
             not with ``memory_budget_bytes``, which sizes windows for those read ahead),
@@ -64,8 +67,12 @@ class DataLoader:
         drop_last: drop the rank's last, short batch.
         transform: ``transform(batch)`` or ``transform(batch, rng)`` on each batch dict, in the
             workers; ``rng`` is a ``numpy.random.Generator`` seeded by (seed, epoch, rank,
-            batch position), so random augmentation is reproducible.
-        collate_fn: replaces the conversion to tensors: receives the ``pyarrow.RecordBatch``.
+            batch position), so random augmentation is reproducible. Thread workers call the
+            same object at once from several threads: keep no batch on ``self`` between
+            calls (or use ``worker_type="process"``, where each worker has its copy).
+        collate_fn: replaces the conversion to tensors: receives the ``pyarrow.RecordBatch``
+            (``batch.to_pylist()``: its rows as dicts, what torch's collate_fn gets); called
+            from several threads at once too.
         rank, world_size: this process's place; default: from ``torch.distributed`` if
             initialised, else a single rank (iterating it once a group of several is up raises:
             build the loader after ``init_process_group``).
@@ -76,7 +83,12 @@ class DataLoader:
             more), for batches workers make: not for those the caller makes with
             ``num_workers=0`` (reads only are timed there); ``"auto"`` keeps a thread.
             Pinned batches keep their tensors of one dtype and shape in one slab of
-            page-locked memory.
+            page-locked memory; an object of another kind with a ``pin_memory()`` method
+            (torch's custom batch) is pinned by it. Thread workers start anew at each pass
+            and share the process: ``worker_init_fn(i)`` runs in the thread of index ``i``
+            (with ``persistent_workers``, only in the first pass's), that thread makes
+            batches of any worker, and ``torch.initial_seed()`` there is the process's. Keep
+            what it sets up in a global or closure, not ``threading.local``.
         device: a CUDA device (``"cuda"``, ``"cuda:1"``): batches arrive there. Each batch
             is staged in pinned memory and crosses in one copy, on a side stream; the caller's
             current stream waits for it, so use the batch on that stream. ``"cuda"`` is the
@@ -100,14 +112,16 @@ class DataLoader:
             folder, for :func:`pqloader.audit` (``pqloader audit DIR``) to check that an epoch
             saw every row exactly once, across ranks, workers and restarts.
         sampler, batch_sampler, generator: torch's, refused by name: the loader orders the
-            rows itself (``shuffle``, ``seed``, the ranks).
+            rows itself (``shuffle``, ``seed``, the ranks). ``in_order``: always (exact
+            resume counts on it); ``False`` is refused. ``pin_memory_device``: refused, for
+            ``device=``.
     """
 
     def __init__(
         self,
         dataset: ParquetDataset,
-        *,
         batch_size: int,
+        *,
         shuffle: bool = False,
         seed: int = 0,
         num_workers: int | Literal["auto"] = 2,
@@ -130,12 +144,15 @@ class DataLoader:
         sampler: None = None,
         batch_sampler: None = None,
         generator: None = None,
+        in_order: bool = True,
+        pin_memory_device: str = "",
     ) -> None:
         from ._dataset import ParquetDataset
 
         if not isinstance(dataset, ParquetDataset):
             raise InvalidArgumentError(_not_a_dataset(dataset))
         refuse_torch_order(sampler=sampler, batch_sampler=batch_sampler, generator=generator)
+        refuse_torch_placement(in_order=in_order, pin_memory_device=pin_memory_device)
         self.config = LoaderConfig(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
             shuffle_window_rows=shuffle_window_rows, transform=transform,
@@ -159,6 +176,13 @@ class DataLoader:
             multiprocessing_context=multiprocessing_context,
         )
         self.dataset = dataset
+        # torch's attributes, as given (validated), for logging and frameworks that read them
+        self.num_workers, self.drop_last = num_workers, self.config.drop_last
+        self.pin_memory, self.timeout = self.workers.pin_memory, self.workers.timeout
+        self.prefetch_factor = self.workers.prefetch_factor
+        self.persistent_workers = self.workers.persistent_workers
+        self.collate_fn, self.worker_init_fn = collate_fn, worker_init_fn
+        self.multiprocessing_context, self.in_order = multiprocessing_context, True
         # num_workers="auto": one stream (the order of num_workers=0), read ``streams``
         # windows ahead (one per core); the tuner picks how many threads, up to one per core,
         # collate and transform its batches beside the caller, from the measured rate.
@@ -177,6 +201,12 @@ class DataLoader:
         self._passes = 0  # iterations begun: only the latest one moves the cursor
         self._resume: int | None = None  # batches to skip in the next iteration (restored)
         self._resumed_pass: int | None = None  # the pass under way that a state resumed
+        # A pass that ends its epoch makes the next one, begun without set_epoch, the next
+        # epoch: torch's DataLoader(shuffle=True) shuffles anew at every pass, and a loop
+        # without set_epoch repeated its first epoch's order and augmentation (found in review)
+        self._ended: int | None = None  # the epoch the latest pass ended (None: it did not)
+        self._chosen = False  # set_epoch called since the latest pass began
+        self._told_repeat = False
         self.device = resolve_device(device)
         pin = pin_memory and torch.cuda.is_available()
         if pin_memory and not pin:
@@ -209,8 +239,12 @@ class DataLoader:
         """Choose the epoch whose order the next iteration follows (call it on every rank).
 
         Setting the epoch a restored state is in keeps its cursor: the iteration resumes.
+        Without it, a pass begun after a pass that ended its epoch is the next epoch (as
+        torch's ``DataLoader(shuffle=True)`` shuffles anew at each pass); one begun after a
+        pass left early starts that epoch over.
         """
         check_positive("epoch", epoch, allow_zero=True)
+        self._chosen = True
         if epoch != self._epoch:
             self._epoch, self._batches, self._resume = epoch, 0, None
             self._forget_origin()
@@ -320,9 +354,14 @@ class DataLoader:
         planner.origin = None if origin is None else (cursor.epoch, origin)
         self._processes.forget()  # persistent worker processes must see the new plan
         self._epoch, self._batches, self._resume = cursor.epoch, batches, batches
+        # a state at its epoch's end: iterated as it is, the next epoch (set_epoch of the
+        # state's epoch keeps the cursor: that pass yields nothing)
+        self._ended = cursor.epoch if cursor.batches == saved[0].num_batches else None
+        self._chosen = False
 
     def __iter__(self) -> Iterator[Any]:
         check_world(self.config.world, "DataLoader")
+        self._next_epoch()
         settings = self._planner.settings(self._plan_workers)
         self._agreement.begin(self._planner.agreed(), {k: settings[k] for k in PER_RANK})
         if self._resume is None:  # not the pass a restored state resumes: a whole epoch
@@ -369,9 +408,30 @@ class DataLoader:
                     self._batches = k  # counted before the caller has it: a state now
                 yield batch  # excludes it
             self._agreement.poll(now=True)
+            if self._passes == this_pass and self._epoch == epoch:
+                self._ended = epoch
         finally:
             if self._resumed_pass == this_pass:
                 self._resumed_pass = None
+
+    def _next_epoch(self) -> None:
+        """At a pass's start: the next epoch after a pass that ended its epoch, unless
+        set_epoch chose one; a shuffled epoch left early and started over is warned of."""
+        chosen, ended = self._chosen, self._ended
+        self._chosen, self._ended = False, None
+        if chosen:
+            return
+        if ended == self._epoch:
+            self._epoch, self._batches, self._resume = self._epoch + 1, 0, None
+            self._forget_origin()
+        elif (self._resume is None and self._batches > 1 and self.config.shuffle
+                and not self._told_repeat):
+            self._told_repeat = True
+            warnings.warn(
+                f"this pass starts epoch {self._epoch} over, in the order of the pass left "
+                f"after {self._batches} batches: call loader.set_epoch(epoch) before each "
+                "epoch for a new order (or load_state_dict to go on where a pass was left)",
+                stacklevel=3)
 
     # -- delivery ---------------------------------------------------------------------------
     def _iter_threads(self, plan: RankPlan, epoch: int, start: int) -> Iterator[Any]:

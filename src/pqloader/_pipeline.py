@@ -380,7 +380,9 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
             batch = stages.collate_fn(to_arrow(columns))
         except Exception as exc:
             exc.add_note(f"in pqloader collate_fn, batch {number} of rank {rank}, "
-                         f"epoch {epoch}{stages.rows_from(where)}")
+                         f"epoch {epoch}{stages.rows_from(where)}; it is given the batch as "
+                         "a pyarrow.RecordBatch (iterating one gives its columns; "
+                         "batch.to_pylist() its rows as dicts, as torch's collate_fn gets)")
             raise
     else:
         try:

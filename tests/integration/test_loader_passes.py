@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -356,7 +357,10 @@ def test_an_epoch_resumed_on_fewer_ranks_counts_its_own_batches(make_dataset: An
     end = resumed.state_dict()
     again = pqloader.DataLoader(ds, rank=0, world_size=1, **kw, **mode)
     again.load_state_dict(end)
+    again.set_epoch(end["epoch"])  # the rest of the state's epoch: none
     assert _ids(again) == []
+    again.load_state_dict(end)  # iterated as it is: the next epoch
+    assert sorted(_ids(again)) == list(range(ROWS)) and again.epoch == end["epoch"] + 1
 
 
 def test_a_chain_of_elastic_resumes_plans_each_level_once(make_dataset: Any,
@@ -442,3 +446,71 @@ def test_len_after_an_elastically_resumed_pass_is_the_next_passs(make_dataset: A
     else:
         resumed.close()  # type: ignore[attr-defined]
     assert len(new) == 20 == sum(1 for _ in new)
+
+
+@pytest.mark.parametrize("kwargs", [{"num_workers": 0}, {"num_workers": 2},
+                                    {"num_workers": "auto"},
+                                    {"num_workers": 2, "worker_type": "process",
+                                     "persistent_workers": True}])
+def test_a_pass_after_an_epoch_ended_is_the_next_epoch(make_dataset: Any,
+                                                        kwargs: dict[str, Any]) -> None:
+    """torch's DataLoader(shuffle=True) shuffles anew at each pass; a loop without set_epoch
+    repeated epoch 0's order and its transforms' draws at every pass (found in review)."""
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    loader = pqloader.DataLoader(ds, batch_size=50, shuffle=True, seed=3, **kwargs)
+    passes = [_ids(loader) for _ in range(3)]
+    assert loader.epoch == 2
+    for epoch, ids in enumerate(passes):
+        assert sorted(ids) == list(range(ROWS))
+        loader.set_epoch(epoch)  # what set_epoch gives: each pass the epoch it chose
+        assert _ids(loader) == ids
+    assert passes[0] != passes[1] != passes[2]
+    assert _ids(loader) != passes[2] and loader.epoch == 3  # set_epoch chose one pass
+
+
+def test_a_pass_left_early_starts_its_epoch_over_and_says_so(make_dataset: Any) -> None:
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    loader = pqloader.DataLoader(ds, batch_size=50, shuffle=True, seed=3, num_workers=0)
+    whole = _ids(loader)
+    loader.set_epoch(0)
+    first = next(iter(loader))  # a look at one batch: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _ids(loader) == whole and loader.epoch == 0
+    for k, _ in enumerate(loader):  # steps per epoch: left after 5
+        if k == 4:
+            break
+    with pytest.warns(UserWarning, match="this pass starts epoch 1 over, in the order of the "
+                                         "pass left after 5 batches: call loader.set_epoch"):
+        again = _ids(loader)
+    assert loader.epoch == 1 and again[:50] != list(first["id"])
+    # an older pass's iterator that ends after a newer pass began moves nothing
+    old = iter(loader)
+    next(old)
+    newer = iter(loader)
+    next(newer)
+    list(old)
+    assert loader.epoch == 2 and _ids(loader)[:50] != []  # epoch 2: newer never ended it
+
+
+def test_a_state_at_its_epochs_end_goes_on_with_the_next_epoch(make_dataset: Any) -> None:
+    """A state saved after the epoch's loop: iterated as it is, the next epoch (it gave 0
+    batches while len() said 20, then repeated the epoch); after set_epoch of its epoch, that
+    epoch's remainder: nothing (a checkpoint saved at an epoch's end, resumed by a loop that
+    sets the checkpoint's epoch)."""
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    saver = pqloader.DataLoader(ds, batch_size=50, shuffle=True, seed=3, num_workers=0)
+    _ids(saver)
+    state = saver.state_dict()
+    for workers in (0, 2):  # its own settings, and others (the order is num_workers')
+        loader = pqloader.DataLoader(ds, batch_size=50, shuffle=True, seed=3,
+                                     num_workers=workers)
+        loader.set_epoch(1)
+        next_epoch = _ids(loader)
+        loader.load_state_dict(state)
+        assert len(loader) == 20 and _ids(loader) == next_epoch and loader.epoch == 1
+        loader.load_state_dict(state)
+        loader.set_epoch(0)
+        assert _ids(loader) == [] and loader.epoch == 0
+        loader.set_epoch(1)
+        assert _ids(loader) == next_epoch

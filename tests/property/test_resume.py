@@ -101,7 +101,8 @@ def _exact_continuation(ds: pqloader.ParquetDataset, batch_size: int, num_worker
     assert second.epoch == epoch
     second.set_epoch(epoch)  # the usual loop sets the epoch again: the cursor must survive it
     assert head + [_ids(b) for b in second] == full
-    # the iteration after a resumed one is a whole epoch again
+    # the iteration after a resumed one is a whole epoch again: the next, or the one set
+    second.set_epoch(epoch)
     assert [_ids(b) for b in second] == full
 
 
@@ -125,11 +126,15 @@ def test_restore_at_the_end_starts_the_next_epoch(make_dataset: Any) -> None:
     state = loader.state_dict()
     again = pqloader.DataLoader(ds, batch_size=100, shuffle=True)
     again.load_state_dict(state)
-    assert list(again) == []  # epoch 0 is done
-    again.set_epoch(1)
     ref = pqloader.DataLoader(ds, batch_size=100, shuffle=True)
     ref.set_epoch(1)
-    assert [b["id"].tolist() for b in again] == [b["id"].tolist() for b in ref]
+    epoch1 = [b["id"].tolist() for b in ref]
+    assert [b["id"].tolist() for b in again] == epoch1  # iterated as it is: epoch 1
+    again.load_state_dict(state)
+    again.set_epoch(0)  # the loop of a checkpoint saved at epoch 0's end, resumed
+    assert list(again) == []  # epoch 0 is done
+    again.set_epoch(1)
+    assert [b["id"].tolist() for b in again] == epoch1
 
 
 def test_restore_in_worker_processes(make_dataset: Any) -> None:
@@ -276,6 +281,7 @@ def _elastic_resume(ds: pqloader.ParquetDataset, old: tuple[int, int, int],
     second = [make_new(r) for r in range(new[2])]
     for loader in second:
         loader.load_state_dict(state)
+        loader.set_epoch(state["epoch"])  # the rest of it (a state at its end: none)
     after_per_rank = [_take(loader) for loader in second]
     assert len({len(batches) for batches in after_per_rank}) == 1, "new ranks stay even"
     after = [i for batches in after_per_rank for b in batches for i in b]
@@ -283,9 +289,11 @@ def _elastic_resume(ds: pqloader.ParquetDataset, old: tuple[int, int, int],
     # new size, is remade the same)
     twin = make_new(0)
     twin.load_state_dict(state)
+    twin.set_epoch(state["epoch"])
     mid = _take(twin, len(after_per_rank[0]) // 2)
     third = make_new(0)
     third.load_state_dict(json.loads(json.dumps(twin.state_dict())))
+    third.set_epoch(state["epoch"])
     assert mid + _take(third) == after_per_rank[0]
 
     # The same ranks and batch size (whether a rank resumes exactly or deals out its own rows

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import pqloader
-from pqloader._device import flatten, resolve_device, stage, unstage
+from pqloader._device import _moved, _pinned, flatten, resolve_device, stage, unstage
 
 Pair = namedtuple("Pair", ["ids", "text"])
 
@@ -112,3 +112,32 @@ def test_staging_round_trips_every_kind_of_tensor() -> None:
             assert torch.equal(got, value.detach()), name
             assert got.untyped_storage().data_ptr() == host.untyped_storage().data_ptr(), name
     assert not back["grad"].requires_grad
+
+
+class _CustomBatch:
+    """torch's custom batch type: pinned by its own pin_memory(), moved by its to()."""
+
+    def __init__(self, where: str = "pageable") -> None:
+        self.where = where
+
+    def pin_memory(self) -> _CustomBatch:
+        return _CustomBatch("pinned")
+
+    def to(self, device: Any) -> _CustomBatch:
+        return _CustomBatch(str(device))
+
+
+def test_a_custom_batch_is_pinned_and_moved_by_its_own_methods() -> None:
+    """torch's pin thread calls a batch's pin_memory(); pqloader's threads walked dicts, lists
+    and tuples only, so a custom batch was silently left unpinned (and left on the host under
+    device=; found in review)."""
+    t = torch.zeros(2)
+    batch = {"custom": _CustomBatch(), "x": t, "names": ["a", "b"], "n": 3, "none": None}
+    leaves, rebuild = flatten(batch, _pinned)
+    rebuilt = rebuild(leaves)
+    assert rebuilt["custom"].where == "pinned" and rebuilt["x"] is t
+    assert rebuilt["names"] == ["a", "b"] and rebuilt["n"] == 3 and rebuilt["none"] is None
+    leaves, rebuild = flatten(_CustomBatch(), lambda obj: _moved(obj, torch.device("meta")))
+    assert leaves == [] and rebuild([]).where == "meta"
+    leaves, rebuild = flatten((t, "text", b"bytes"), _pinned)  # nothing else is asked
+    assert rebuild(leaves) == (t, "text", b"bytes")

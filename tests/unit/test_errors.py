@@ -215,6 +215,9 @@ def test_unknown_column(tmp_path: Path) -> None:
         ({"batch_size": 8, "sampler": [0, 1]}, "sampler= is torch's: pqloader.DataLoader "
                                                "orders the rows itself"),
         ({"batch_size": 8, "generator": object()}, "generator= is torch's"),
+        ({"batch_size": 8, "in_order": False}, "in_order=False: pqloader.DataLoader yields "
+                                               "batches in the plan's order always"),
+        ({"batch_size": 8, "pin_memory_device": "cuda"}, "device='cuda' delivers"),
     ],
 )
 def test_bad_loader_arguments(tmp_path: Path, kwargs: dict[str, Any], name: str) -> None:
@@ -237,6 +240,20 @@ def test_a_path_or_another_dataset_given_to_the_loader_says_what_to_do(tmp_path:
                         (None, "got NoneType")):
         with pytest.raises(pqloader.InvalidArgumentError, match=re.escape(told)):
             pqloader.DataLoader(given, batch_size=4)  # type: ignore[arg-type]
+
+
+def test_the_loader_has_torchs_attributes_and_takes_batch_size_second(tmp_path: Path) -> None:
+    """Logging and frameworks read loader.num_workers, .drop_last, ...: AttributeError before;
+    DataLoader(ds, 32) was "takes 2 positional arguments"."""
+    pq.write_table(_table(10), tmp_path / "part-00000.parquet")
+    ds = pqloader.ParquetDataset(tmp_path)
+    loader = pqloader.DataLoader(ds, 4, num_workers="auto", drop_last=1, timeout=5,
+                                 prefetch_factor=None, in_order=True)
+    assert loader.batch_size == 4 and loader.num_workers == "auto" and loader.drop_last is True
+    assert (loader.pin_memory, loader.timeout, loader.prefetch_factor) == (False, 5, 2)
+    assert (loader.persistent_workers, loader.collate_fn, loader.worker_init_fn) == (
+        False, None, None)
+    assert loader.multiprocessing_context is None and loader.in_order is True
 
 
 def test_yes_or_no_arguments_take_what_torch_takes(tmp_path: Path) -> None:

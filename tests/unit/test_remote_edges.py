@@ -377,8 +377,9 @@ def test_ctrl_c_while_reads_stall_exits_at_once(tmp_path: Path, num_workers: str
     stall = threading.Event()
     server, base = _serve_cutting(tmp_path, cuts=0, stall=stall)
     script = tmp_path / "read.py"
-    script.write_text(
-        "import sys, pqloader\n"
+    script.write_text(  # SIGINT as a terminal sends it (a shell's background job ignores it)
+        "import signal, sys, pqloader\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "retry = pqloader.RetryPolicy(timeout_s=5, attempts=4)\n"
         "ds = pqloader.ParquetDataset(sys.argv[1], retry=retry)\n"
         "print('opened', flush=True)\n"
