@@ -22,7 +22,7 @@ from ._config import START_GRACE_S
 from ._errors import LoaderTimeoutError
 from ._globalrng import call_init
 from ._memory import MemoryBudget, nbytes
-from ._threads import close_at_exit, track
+from ._threads import close_at_exit, took, track
 
 _SIZED = 8  # under a budget, the first batches are sized, then one in this many (~5% of a
 # loader's rate on string columns, every batch sized)
@@ -143,8 +143,10 @@ class Delivery:
     def _make(self, s: int) -> None:
         """Advance stream ``s`` by one batch (lock not held) and post it."""
         k = self._next[s]
+        began = time.perf_counter()
         try:
             batch = self._finish(next(self._streams[s]))
+            took(time.perf_counter() - began)
             if self._memory is not None and (k < _SIZED or k % _SIZED == 0) \
                     and (size := nbytes(batch)) > self._largest:
                 self._largest = size

@@ -128,8 +128,10 @@ class ProcessDelivery:
         w = self._workers
         if self._loader is not None:
             return self._loader, None
-        # spawn's semaphore passes to workers however they start (a fork one fails spawn)
-        up = multiprocessing.get_context("spawn").Semaphore(0)
+        # the workers' own kind: a spawn semaphore (which passes to workers however they
+        # start) is a named one in /dev/shm, left there when the job is killed: one a pass
+        # (found in review); a fork one has no name
+        up = _context(w.multiprocessing_context).Semaphore(0)
         loader = torch.utils.data.DataLoader(
             TorchIterable.from_planner(self._planner), batch_size=None,
             num_workers=w.num_workers, pin_memory=self._pin, timeout=w.timeout,
@@ -142,6 +144,13 @@ class ProcessDelivery:
         if w.persistent_workers:
             self._loader = loader
         return loader, up
+
+
+def _context(given: Any) -> Any:
+    """The multiprocessing context torch starts the workers with, for ``given``."""
+    if given is None or isinstance(given, str):
+        return multiprocessing.get_context(given)
+    return given
 
 
 _released: weakref.WeakSet[Any] = weakref.WeakSet()  # persistent iterators let go when gone

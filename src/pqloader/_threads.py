@@ -7,7 +7,9 @@ waiting for memory room under an abandoned iterator, never ends). But a daemon t
 inside a call that released the GIL (a torch op in a transform, a pyarrow read) when the
 interpreter finalizes is ended by ``pthread_exit`` through C++ frames, and the process aborts
 ("terminate called without an active exception", exit status 134). At exit, pqloader closes
-what is still open and gives its threads a bounded time to return first.
+what is still open and gives its threads a bounded time to return first: 5 s, or twice the
+longest batch a worker thread has taken to make (a heavy transform: one of 7 s aborted the
+exit), at most a minute, saying so when it waits past 5 s.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import atexit
 import contextlib
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -26,6 +29,8 @@ from typing import Any, Protocol, TypeVar
 T = TypeVar("T")
 
 EXIT_WAIT_S = 5.0  # at most, for all threads together: a hung read must not hang the exit
+EXIT_MOST_S = 60.0  # ... unless batches take long to make: twice the longest, up to this
+_longest_s = 0.0  # the longest a worker thread took to make a batch, in this process
 
 
 class _Closable(Protocol):
@@ -55,6 +60,12 @@ def track(thread: threading.Thread) -> threading.Thread:
     return thread
 
 
+def took(seconds: float) -> None:
+    """A worker thread made a batch in ``seconds``: the exit waits longer for the next."""
+    global _longest_s
+    _longest_s = max(_longest_s, seconds)  # (a race loses at most one measure)
+
+
 def close_at_exit(obj: _Closable) -> None:
     """Call ``obj.close()`` at exit if it is still alive then (held weakly)."""
     with _lock:
@@ -69,10 +80,23 @@ def _wind_down() -> None:
     for obj in closables:  # threads stop taking work
         with contextlib.suppress(Exception):  # at exit, nothing is left to report it to
             obj.close()
-    end = time.monotonic() + EXIT_WAIT_S
+    threads = [t for t in threads if t is not threading.current_thread()]
+    began = time.monotonic()
+    _join(threads, began + EXIT_WAIT_S)
+    patience = min(EXIT_MOST_S, 2 * _longest_s + 1)
+    alive = [t for t in threads if t.is_alive()]
+    if alive and patience > EXIT_WAIT_S:
+        with contextlib.suppress(Exception):
+            print(f"pqloader: at exit, waiting up to {patience - EXIT_WAIT_S:.0f} s more for "
+                  f"{len(alive)} worker thread(s) to finish their batch (batches took up to "
+                  f"{_longest_s:.1f} s to make; a thread ended inside a torch or pyarrow call "
+                  "aborts the process)", file=sys.stderr, flush=True)
+        _join(alive, began + patience)
+
+
+def _join(threads: list[threading.Thread], deadline: float) -> None:
     for thread in threads:
-        if thread is not threading.current_thread():
-            thread.join(max(0.0, end - time.monotonic()))
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class DaemonPool:

@@ -62,6 +62,27 @@ def test_exiting_with_an_iterator_open_and_threads_in_torch_is_clean(
     assert code == 0, out
 
 
+def test_exiting_while_a_slow_transform_makes_a_batch_waits_for_it(tmp_path: Path) -> None:
+    """A transform of torch ops taking longer than the exit's wait (5 s; 0.5 here) was ended
+    mid-call at finalization: the finished script aborted, status 134 (found in review)."""
+    code, out, _ = _run(tmp_path, """
+        from pqloader import _threads
+        _threads.EXIT_WAIT_S = 0.5
+        torch.set_num_threads(1)
+        def heavy(batch):  # CPU augmentation of a large batch: seconds of GIL-free torch
+            a, began = torch.randn(200, 200), time.monotonic()
+            while time.monotonic() - began < 2.0:
+                a = torch.tanh(a @ a)
+            return batch
+        loader = pqloader.DataLoader(ds, batch_size=512, num_workers=2, transform=heavy)
+        for batch in loader:
+            break
+        print("done", flush=True)
+        """)
+    assert code == 0 and "done" in out, out
+    assert "at exit, waiting up to" in out and "to finish their batch" in out, out
+
+
 @pytest.mark.parametrize("num_workers", ["0", "2", "auto"])
 def test_a_read_that_never_returns_times_out_and_the_process_exits(
         tmp_path: Path, num_workers: str) -> None:
@@ -247,3 +268,22 @@ def test_persistent_worker_processes_start_anew_after_one_is_killed(make_dataset
             assert sorted(int(i) for b in loader for i in b["id"]) == list(range(1000))
     finally:
         del loader
+
+
+@pytest.mark.parametrize("context", [None, "fork"])
+def test_forked_worker_processes_leave_no_named_semaphore(
+        make_dataset: Any, monkeypatch: pytest.MonkeyPatch, context: str | None) -> None:
+    """Each pass made a spawn-context semaphore for its forked workers to count themselves up
+    on: a named one in /dev/shm, left there when the job is killed (SIGKILL to the process
+    group: one a pass; found in review). A fork one has no name, nothing to leave."""
+    from multiprocessing import resource_tracker
+
+    named: list[tuple[str, str]] = []
+    monkeypatch.setattr(resource_tracker, "register",
+                        lambda name, rtype: named.append((name, rtype)))
+    ds = pqloader.ParquetDataset(make_dataset(400))
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=2, worker_type="process",
+                                 multiprocessing_context=context)
+    for _ in range(2):
+        assert sum(len(b["id"]) for b in loader) == 400
+    assert [n for n in named if n[1] == "semaphore"] == []
