@@ -18,14 +18,22 @@ from ._errors import InvalidArgumentError
 
 _ALIGN = 64  # bytes: every packed tensor starts on a cache line
 _SMALL = 8  # a tensor under 1/8 of its batch's buffer is small (cloned, if all are together)
+_REST_IN_SLOT = 64 * 2**10  # bytes: the other values' pickle at least this big crosses in the
+# slot beside the tensors: through torch's queue, 36 MB of image bytes were pickled again, sent
+# down a pipe and unpickled twice (0.25x a pyarrow loop over such rows; found in review)
 
 
 Layout = list[tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...], int]]
 
 
-def _unpack(flat: torch.Tensor, layout: Layout, rest: bytes, order: list[str] | None = None
-            ) -> dict[str, Any]:
-    batch: dict[str, Any] = pickle.loads(rest)
+def _unpack(flat: torch.Tensor, layout: Layout, rest: bytes | tuple[int, int],
+            order: list[str] | None = None) -> dict[str, Any]:
+    """``rest``: the other values pickled, or where in ``flat`` they lie (start, bytes)."""
+    if isinstance(rest, tuple):
+        start, size = rest
+        batch: dict[str, Any] = pickle.loads(flat[start:start + size].numpy().data)
+    else:
+        batch = pickle.loads(rest)
     sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape, _, _ in layout]
     # Small tensors beside a large one (labels beside images) get their own memory: as views,
     # keeping a batch's labels kept its images too (2,048x in review). Not when the small
@@ -75,8 +83,8 @@ def _vector(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return len(shape) == 1 and (stride == (1,) or shape[0] <= 1)
 
 
-def _unpack_slot(token: _ring.Token, slot: int, nbytes: int, layout: Layout, rest: bytes,
-                 order: list[str]) -> dict[str, Any]:
+def _unpack_slot(token: _ring.Token, slot: int, nbytes: int, layout: Layout,
+                 rest: bytes | tuple[int, int], order: list[str]) -> dict[str, Any]:
     return _unpack(_ring.view(token, slot, nbytes), layout, rest, order)
 
 
@@ -161,14 +169,19 @@ class PackedBatch:
     def __init__(self, batch: dict[str, Any]) -> None:
         tensors = {k: v if _dense(v) else v.contiguous()
                    for k, v in batch.items() if _packable(v)}
-        self.rest = _pickled({k: trim(v) for k, v in batch.items() if k not in tensors})
+        rest = _pickled({k: trim(v) for k, v in batch.items() if k not in tensors})
+        self.rest: bytes | tuple[int, int] = rest
         self.layout: Layout = []
         offset = 0
         for name, t in tensors.items():
             self.layout.append((name, t.dtype, tuple(t.shape), tuple(t.stride()), offset))
             offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-        self.slot = _ring.take(offset) if torch.utils.data.get_worker_info() is not None \
-            else None
+        beside = len(rest) if len(rest) >= _REST_IN_SLOT else 0
+        self.slot = _ring.take(offset + beside) \
+            if torch.utils.data.get_worker_info() is not None else None
+        if self.slot is not None and beside:
+            self.slot[2][offset:].numpy()[:] = np.frombuffer(rest, dtype=np.uint8)
+            self.rest = (offset, beside)
         self.flat = self.slot[2] if self.slot is not None else torch.empty(offset,
                                                                           dtype=torch.uint8)
         values, sizes = list(tensors.values()), [t.numel() * t.element_size()

@@ -263,3 +263,37 @@ def test_a_full_ring_without_room_for_another_is_used_again_once_freed() -> None
         assert again is not None and again[0] is ring and again[1] == 3
     finally:
         _ring._ring, _ring._room = saved
+
+
+def test_large_other_values_cross_in_the_slot_beside_the_tensors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes and text of a batch (images not decoded in the workers) went through torch's
+    queue: pickled twice, down a pipe, unpickled twice (0.25x a pyarrow loop over 1-8 MB rows;
+    found in review). Past 64 KiB they cross in the batch's slot; what a caller holds is never
+    written over, and a slot is free again once its batch's tensors are."""
+    from pqloader import _pack
+
+    rng = np.random.default_rng(0)
+    rows = 600
+    table = pa.table({"id": np.arange(rows), "blob": [rng.bytes(4096) for _ in range(rows)],
+                      "text": [f"row {i} " * 50 for i in range(rows)]})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=100)
+    ds = pqloader.ParquetDataset(tmp_path)
+    expected = list(_loader(ds, "thread"))
+    kinds: list[type] = []
+    unpack = _pack._unpack
+
+    def seen(flat: torch.Tensor, layout: Any, rest: Any, order: Any = None) -> Any:
+        kinds.append(type(rest))
+        return unpack(flat, layout, rest, order)
+
+    monkeypatch.setattr(_pack, "_unpack", seen)
+    for k, batch in enumerate(_loader(ds, "process")):  # each let go before the next
+        assert batch["blob"] == expected[k]["blob"] and batch["text"] == expected[k]["text"]
+        assert torch.equal(batch["id"], expected[k]["id"]) and not _in_a_ring(batch["id"])
+    assert kinds == [tuple] * len(expected)  # slots freed were taken again
+    kinds.clear()
+    held = list(_loader(ds, "process", persistent_workers=True))  # all held
+    assert [b["blob"] for b in held] == [b["blob"] for b in expected]
+    assert [b["text"] for b in held] == [b["text"] for b in expected]
+    assert kinds == [tuple] * len(expected)  # a batch held holds no slot: its ids are cloned
