@@ -223,14 +223,20 @@ def flatten(batch: Any, other: Callable[[Any], Any] | None = None,
 
 def _pinned(obj: Any) -> Any:
     """An object of the user's own kind pinned as torch's pin thread does: by its method."""
-    pin = getattr(obj, "pin_memory", None)
-    return pin() if callable(pin) else obj
+    return obj.pin_memory() if _custom(obj) else obj
 
 
 def _moved(obj: Any, device: torch.device) -> Any:
-    """An object of the user's own kind moved by its ``to`` (a custom batch's habit)."""
-    to = getattr(obj, "to", None)
-    return to(device) if callable(to) else obj
+    """An object of the user's own kind moved by its ``to`` (a custom batch's habit: one
+    with ``pin_memory`` too; a module in a batch is left where it is, not moved in place)."""
+    return obj.to(device) if _custom(obj) and callable(getattr(obj, "to", None)) else obj
+
+
+def _custom(obj: Any) -> bool:
+    """Whether ``obj`` is a custom batch type's instance, as torch's pin thread takes one: a
+    ``pin_memory`` method (not a class, a storage or a module, which have one too)."""
+    return callable(getattr(obj, "pin_memory", None)) and not isinstance(
+        obj, (type, torch.UntypedStorage, torch.TypedStorage, torch.nn.Module))
 
 
 def _flatten(obj: Any, leaves: list[torch.Tensor],

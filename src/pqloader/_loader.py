@@ -201,10 +201,14 @@ class DataLoader:
         self._passes = 0  # iterations begun: only the latest one moves the cursor
         self._resume: int | None = None  # batches to skip in the next iteration (restored)
         self._resumed_pass: int | None = None  # the pass under way that a state resumed
-        # A pass that ends its epoch makes the next one, begun without set_epoch, the next
-        # epoch: torch's DataLoader(shuffle=True) shuffles anew at every pass, and a loop
-        # without set_epoch repeated its first epoch's order and augmentation (found in review)
+        # In one process, a pass that ends its epoch makes the next one, begun without
+        # set_epoch, the next epoch: torch's DataLoader(shuffle=True) shuffles anew at every
+        # pass, and a loop without set_epoch repeated its first epoch's order and augmentation
+        # (found in review). Over ranks, only a state at its epoch's end does (every rank loads
+        # it): ranks that made other numbers of passes (rank 0 alone fitting a normalizer
+        # first) planned other epochs, silently (found in review).
         self._ended: int | None = None  # the epoch the latest pass ended (None: it did not)
+        self._loaded_end = False  # ... as a state loaded at its end says
         self._chosen = False  # set_epoch called since the latest pass began
         self._told_repeat = False
         self.device = resolve_device(device)
@@ -239,9 +243,12 @@ class DataLoader:
         """Choose the epoch whose order the next iteration follows (call it on every rank).
 
         Setting the epoch a restored state is in keeps its cursor: the iteration resumes.
-        Without it, a pass begun after a pass that ended its epoch is the next epoch (as
-        torch's ``DataLoader(shuffle=True)`` shuffles anew at each pass); one begun after a
-        pass left early starts that epoch over.
+        Without it, in one process, a pass begun after a pass that took its epoch's last
+        batch is the next epoch (as torch's ``DataLoader(shuffle=True)`` shuffles anew at
+        each pass); one begun after a pass left early starts that epoch over. Over several
+        ranks the epoch moves on only by this call (or a state at its epoch's end), as with
+        ``DistributedSampler``: ranks that made other numbers of passes would plan other
+        epochs.
         """
         check_positive("epoch", epoch, allow_zero=True)
         self._chosen = True
@@ -269,7 +276,7 @@ class DataLoader:
         the batches before the state plus those dealt after it, so it may differ from the
         epochs before and after; once that pass is over, the whole epoch a next pass makes
         (it said the resumed length until that pass began, found by fuzzing)."""
-        if self._resume is None and self._resumed_pass is None:
+        if (self._resume is None and self._resumed_pass is None) or self._advances():
             return len(self._planner)  # (the next pass plans a whole epoch)
         return self._planner.epoch_batches(self._epoch)
 
@@ -357,7 +364,7 @@ class DataLoader:
         # a state at its epoch's end: iterated as it is, the next epoch (set_epoch of the
         # state's epoch keeps the cursor: that pass yields nothing)
         self._ended = cursor.epoch if cursor.batches == saved[0].num_batches else None
-        self._chosen = False
+        self._loaded_end, self._chosen = self._ended is not None, False
 
     def __iter__(self) -> Iterator[Any]:
         check_world(self.config.world, "DataLoader")
@@ -374,15 +381,16 @@ class DataLoader:
         w = self.workers
         if (memory := self._planner.stages.memory) is not None:
             memory.start()  # thread workers only (checked in __init__): one process counts
+        plan = self._planner.plan(epoch, max(1, self._plan_workers))
+        last = plan.num_batches  # the pass's last batch ends the epoch, taken by zip or islice
         if self._tuner is not None:
-            batches: Iterator[Any] = self._iter_auto(self._planner.plan(epoch, 1), epoch, start)
+            batches: Iterator[Any] = self._iter_auto(plan, epoch, start)
         elif w.num_workers == 0:
-            plan = self._planner.plan(epoch, 1)
             place = self._placement
             batches = map(lambda b: place.receive(place.finish(b)),
                           self._planner.batches(plan, 0, epoch, start))
         elif w.worker_type == "thread":
-            batches = self._iter_threads(self._planner.plan(epoch, w.num_workers), epoch, start)
+            batches = self._iter_threads(plan, epoch, start)
         else:
             batches = self._processes.batches(epoch, start, self._placement.receive)
         if self._audit_dir is not None:
@@ -406,7 +414,9 @@ class DataLoader:
                     self._audit.record(epoch, k - 1, rows, named, made=batch)
                 if self._passes == this_pass and self._epoch == epoch:
                     self._batches = k  # counted before the caller has it: a state now
-                yield batch  # excludes it
+                    if k == last:  # excludes it
+                        self._ended = epoch
+                yield batch
             self._agreement.poll(now=True)
             if self._passes == this_pass and self._epoch == epoch:
                 self._ended = epoch
@@ -414,18 +424,31 @@ class DataLoader:
             if self._resumed_pass == this_pass:
                 self._resumed_pass = None
 
+    def _advances(self) -> bool:
+        """Whether a pass begun now is the next epoch (see ``__init__``)."""
+        return not self._chosen and self._ended == self._epoch and (
+            self._loaded_end or self.config.world.world_size == 1)
+
     def _next_epoch(self) -> None:
         """At a pass's start: the next epoch after a pass that ended its epoch, unless
-        set_epoch chose one; a shuffled epoch left early and started over is warned of."""
-        chosen, ended = self._chosen, self._ended
-        self._chosen, self._ended = False, None
-        if chosen:
-            return
-        if ended == self._epoch:
+        set_epoch chose one (over ranks, after a state at its end only); a shuffled epoch
+        begun again is warned of."""
+        advance, chosen, ended = self._advances(), self._chosen, self._ended
+        self._chosen, self._ended, self._loaded_end = False, None, False
+        if advance:
             self._epoch, self._batches, self._resume = self._epoch + 1, 0, None
             self._forget_origin()
-        elif (self._resume is None and self._batches > 1 and self.config.shuffle
-                and not self._told_repeat):
+            return
+        if chosen or not self.config.shuffle or self._told_repeat or self._resume is not None:
+            return
+        if ended == self._epoch:  # over ranks
+            self._told_repeat = True
+            warnings.warn(
+                f"this pass repeats epoch {self._epoch}'s order: over several ranks the epoch "
+                "moves on only by set_epoch (ranks that made other numbers of passes would "
+                "plan other epochs): call loader.set_epoch(epoch) on every rank before each "
+                "epoch", stacklevel=3)
+        elif self._batches > 1:
             self._told_repeat = True
             warnings.warn(
                 f"this pass starts epoch {self._epoch} over, in the order of the pass left "

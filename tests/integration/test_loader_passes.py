@@ -514,3 +514,59 @@ def test_a_state_at_its_epochs_end_goes_on_with_the_next_epoch(make_dataset: Any
         assert _ids(loader) == [] and loader.epoch == 0
         loader.set_epoch(1)
         assert _ids(loader) == next_epoch
+
+
+def test_a_pass_that_took_every_batch_ended_its_epoch(make_dataset: Any) -> None:
+    """itertools.islice(loader, len(loader)) and zip() take the last batch without reaching
+    StopIteration: the epoch repeated, warned of as left early, while a state saved then
+    said it ended (and resumed with the next epoch; found in review)."""
+    import itertools
+
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    loader = pqloader.DataLoader(ds, batch_size=100, shuffle=True, seed=3, num_workers=2)
+    other = pqloader.DataLoader(ds, batch_size=100, shuffle=True, seed=3, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = _ids(itertools.islice(loader, len(loader)))
+        assert loader.state_dict()["batches"] == len(loader) and loader.epoch == 0
+        second = _ids(loader)
+        assert loader.epoch == 1 and second != first
+        for _ in range(2):
+            for _a, _b in zip(loader, other, strict=False):
+                pass
+    assert loader.epoch == 3 and other.epoch == 1  # each pass of other ended its epoch
+
+
+def test_over_ranks_the_epoch_moves_on_by_set_epoch_or_a_state_at_its_end(
+        make_dataset: Any) -> None:
+    """Ranks that made other numbers of passes (rank 0 alone fitting a normalizer over the
+    loader first) planned other epochs, rows lost and repeated silently: over several ranks a
+    pass repeats its epoch unless set_epoch (or a state at its end, which every rank loads)
+    moves it on, warned of (found in review)."""
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    kw: dict[str, Any] = {"batch_size": 50, "shuffle": True, "seed": 3, "num_workers": 0,
+                          "rank": 0, "world_size": 2}
+    loader = pqloader.DataLoader(ds, **kw)
+    first = _ids(loader)
+    with pytest.warns(UserWarning, match="this pass repeats epoch 0's order: over several "
+                                         "ranks the epoch moves on only by set_epoch"):
+        assert _ids(loader) == first and loader.epoch == 0
+    state = loader.state_dict()
+    loader.set_epoch(1)
+    following = _ids(loader)
+    assert following != first
+    resumed = pqloader.DataLoader(ds, **kw)
+    resumed.load_state_dict(state)
+    assert len(resumed) == 10 and _ids(resumed) == following and resumed.epoch == 1
+
+
+def test_len_before_a_pass_after_a_state_at_its_end_is_the_next_epochs(
+        make_dataset: Any) -> None:
+    """Loaded under another batch size, len() said the old epoch's resumed length (20) while
+    the pass made the next epoch's 5 batches: schedulers sized from it (found in review)."""
+    ds = pqloader.ParquetDataset(make_dataset(ROWS))
+    saver = pqloader.DataLoader(ds, batch_size=50, shuffle=True, seed=3, num_workers=0)
+    _ids(saver)
+    loader = pqloader.DataLoader(ds, batch_size=200, shuffle=True, seed=3, num_workers=0)
+    loader.load_state_dict(saver.state_dict())
+    assert len(loader) == 5 == len(list(loader)) and loader.epoch == 1

@@ -141,3 +141,10 @@ def test_a_custom_batch_is_pinned_and_moved_by_its_own_methods() -> None:
     assert leaves == [] and rebuild([]).where == "meta"
     leaves, rebuild = flatten((t, "text", b"bytes"), _pinned)  # nothing else is asked
     assert rebuild(leaves) == (t, "text", b"bytes")
+    module, storage = torch.nn.Linear(2, 2), torch.zeros(2).untyped_storage()
+    others = {"cls": torch.Tensor, "module": module, "storage": storage}  # have pin_memory,
+    for other in (_pinned, lambda obj: _moved(obj, torch.device("meta"))):  # not a batch's
+        leaves, rebuild = flatten(others, other)
+        rebuilt = rebuild(leaves)
+        assert rebuilt["cls"] is torch.Tensor and rebuilt["module"] is module
+        assert rebuilt["storage"] is storage and module.weight.device.type == "cpu"
