@@ -90,6 +90,8 @@ def _unpack_slot(token: _ring.Token, slot: int, nbytes: int, layout: Layout,
 
 def _dense(t: torch.Tensor) -> bool:
     """Whether ``t``'s elements fill its span of memory once each, in some order of dims."""
+    if t.is_contiguous():  # most: one C call (3,000 columns a batch took 3 ms to sort)
+        return t.numel() > 0
     expected = 1
     for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True)
                                if sz != 1):
