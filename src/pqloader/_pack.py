@@ -29,19 +29,22 @@ Layout = list[tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...], int]]
 def _unpack(flat: torch.Tensor, layout: Layout, rest: bytes | tuple[int, int],
             order: list[str] | None = None) -> dict[str, Any]:
     """``rest``: the other values pickled, or where in ``flat`` they lie (start, bytes)."""
+    total, beside = flat.numel(), 0  # the tensors' bytes; the other values' in the slot
     if isinstance(rest, tuple):
-        start, size = rest
-        batch: dict[str, Any] = pickle.loads(flat[start:start + size].numpy().data)
+        total, beside = rest
+        batch: dict[str, Any] = pickle.loads(flat[total:total + beside].numpy().data)
     else:
         batch = pickle.loads(rest)
     sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape, _, _ in layout]
     # Small tensors beside a large one (labels beside images) get their own memory: as views,
     # keeping a batch's labels kept its images too (2,048x in review). Not when the small
-    # ones are most of the batch (33 columns of W1): that would copy it all once more.
-    small = _SMALL * sum(size for size in sizes if _SMALL * size < flat.numel()) \
-        < flat.numel()
+    # ones are most of the batch (33 columns of W1): that would copy it all once more. A
+    # tensor smaller than the other values beside it in the slot gets its own too: a kept
+    # image held them (7x its bytes, found in review), and they were copied just now anyway.
+    small = _SMALL * sum(size for size in sizes if _SMALL * size < total) < total
     for (name, *_), view, size in zip(layout, _views(flat, layout, sizes), sizes, strict=True):
-        batch[name] = view.clone() if small and _SMALL * size < flat.numel() else view
+        own = (small and _SMALL * size < total) or size < beside
+        batch[name] = view.clone() if own else view
     if order is not None:  # the worker's key order (its tensors were set last here)
         batch = {k: batch[k] for k in order}
     return batch
