@@ -414,7 +414,7 @@ class DataLoader:
                     self._audit.record(epoch, k - 1, rows, named, made=batch)
                 if self._passes == this_pass and self._epoch == epoch:
                     self._batches = k  # counted before the caller has it: a state now
-                    if k == last:  # excludes it
+                    if k == last:  # excludes it; the last one, taken, ends the epoch
                         self._ended = epoch
                 yield batch
             self._agreement.poll(now=True)
