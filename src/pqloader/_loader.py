@@ -415,7 +415,9 @@ class DataLoader:
                 if self._passes == this_pass and self._epoch == epoch:
                     self._batches = k  # counted before the caller has it: a state now
                     if k == last:  # excludes it; the last one, taken, ends the epoch
-                        self._ended = epoch
+                        self._ended = epoch  # (and a resumed pass: len() is the next's,
+                        if self._resumed_pass == this_pass:  # its iterator kept or not)
+                            self._resumed_pass = None
                 yield batch
             self._agreement.poll(now=True)
             if self._passes == this_pass and self._epoch == epoch:

@@ -570,3 +570,23 @@ def test_len_before_a_pass_after_a_state_at_its_end_is_the_next_epochs(
     loader = pqloader.DataLoader(ds, batch_size=200, shuffle=True, seed=3, num_workers=0)
     loader.load_state_dict(saver.state_dict())
     assert len(loader) == 5 == len(list(loader)) and loader.epoch == 1
+
+
+def test_len_after_a_resumed_pass_took_its_last_batch_is_the_next_passs(
+        make_dataset: Any) -> None:
+    """Its iterator kept (islice, not exhausted), len() said the resumed epoch's length (12)
+    while the next pass made the whole epoch (13; found by fuzzing)."""
+    import itertools
+
+    ds = pqloader.ParquetDataset(make_dataset(100, rows_per_file=40, row_group_size=10))
+    saver = pqloader.DataLoader(ds, 10, shuffle=True, seed=1, num_workers=0)
+    list(itertools.islice(saver, 3))
+    state = saver.state_dict()
+    loader = pqloader.DataLoader(ds, 4, shuffle=True, seed=1, num_workers=0, rank=0,
+                                 world_size=2)
+    loader.load_state_dict(state)
+    it = iter(loader)
+    taken = list(itertools.islice(it, len(loader) - 3))  # the resumed pass's every batch
+    assert taken and len(loader) == 13
+    with pytest.warns(UserWarning, match="this pass repeats epoch 0's order"):  # 2 ranks
+        assert len(list(loader)) == 13
