@@ -265,11 +265,8 @@ def _flatten(obj: Any, leaves: list[torch.Tensor],
             return values if kind_s is list else _same_kind(kind_s, values)
 
         return sequence
-    if other is not None and not isinstance(obj, (str, bytes, int, float, list, np.ndarray)) \
-            and obj is not None:
-        done = other(obj)  # (a list of numbers or str is a leaf: never asked)
-        return lambda _it: done
-    return lambda _it: obj
+    done = obj if other is None else other(obj)
+    return lambda _it: done
 
 
 def _same_kind(kind: type, values: Mapping[Any, Any] | Sequence[Any]) -> Any:

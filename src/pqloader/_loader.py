@@ -23,6 +23,7 @@ from ._config import (
 )
 from ._deliver import Delivery, OncePerIndex
 from ._device import Placement, resolve_device
+from ._epochs import NextEpoch
 from ._errors import (
     InvalidArgumentError,
     StateMismatchError,
@@ -201,16 +202,8 @@ class DataLoader:
         self._passes = 0  # iterations begun: only the latest one moves the cursor
         self._resume: int | None = None  # batches to skip in the next iteration (restored)
         self._resumed_pass: int | None = None  # the pass under way that a state resumed
-        # In one process, a pass that ends its epoch makes the next one, begun without
-        # set_epoch, the next epoch: torch's DataLoader(shuffle=True) shuffles anew at every
-        # pass, and a loop without set_epoch repeated its first epoch's order and augmentation
-        # (found in review). Over ranks, only a state at its epoch's end does (every rank loads
-        # it): ranks that made other numbers of passes (rank 0 alone fitting a normalizer
-        # first) planned other epochs, silently (found in review).
-        self._ended: int | None = None  # the epoch the latest pass ended (None: it did not)
-        self._loaded_end = False  # ... as a state loaded at its end says
-        self._chosen = False  # set_epoch called since the latest pass began
-        self._told_repeat = False
+        self._next = NextEpoch(world_size=self.config.world.world_size,
+                               shuffle=self.config.shuffle)  # without set_epoch
         self.device = resolve_device(device)
         pin = pin_memory and torch.cuda.is_available()
         if pin_memory and not pin:
@@ -251,7 +244,7 @@ class DataLoader:
         epochs.
         """
         check_positive("epoch", epoch, allow_zero=True)
-        self._chosen = True
+        self._next.chosen()
         if epoch != self._epoch:
             self._epoch, self._batches, self._resume = epoch, 0, None
             self._forget_origin()
@@ -276,7 +269,8 @@ class DataLoader:
         the batches before the state plus those dealt after it, so it may differ from the
         epochs before and after; once that pass is over, the whole epoch a next pass makes
         (it said the resumed length until that pass began, found by fuzzing)."""
-        if (self._resume is None and self._resumed_pass is None) or self._advances():
+        if (self._resume is None and self._resumed_pass is None) or \
+                self._next.advances(self._epoch):
             return len(self._planner)  # (the next pass plans a whole epoch)
         return self._planner.epoch_batches(self._epoch)
 
@@ -363,8 +357,7 @@ class DataLoader:
         self._epoch, self._batches, self._resume = cursor.epoch, batches, batches
         # a state at its epoch's end: iterated as it is, the next epoch (set_epoch of the
         # state's epoch keeps the cursor: that pass yields nothing)
-        self._ended = cursor.epoch if cursor.batches == saved[0].num_batches else None
-        self._loaded_end, self._chosen = self._ended is not None, False
+        self._next.loaded(cursor.epoch, at_end=cursor.batches == saved[0].num_batches)
 
     def __iter__(self) -> Iterator[Any]:
         check_world(self.config.world, "DataLoader")
@@ -415,48 +408,22 @@ class DataLoader:
                 if self._passes == this_pass and self._epoch == epoch:
                     self._batches = k  # counted before the caller has it: a state now
                     if k == last:  # excludes it; the last one, taken, ends the epoch
-                        self._ended = epoch  # (and a resumed pass: len() is the next's,
+                        self._next.ended(epoch)  # (and a resumed pass: len() is the next's,
                         if self._resumed_pass == this_pass:  # its iterator kept or not)
                             self._resumed_pass = None
                 yield batch
             self._agreement.poll(now=True)
             if self._passes == this_pass and self._epoch == epoch:
-                self._ended = epoch
+                self._next.ended(epoch)  # (a pass of no batch: resumed at its end)
         finally:
             if self._resumed_pass == this_pass:
                 self._resumed_pass = None
 
-    def _advances(self) -> bool:
-        """Whether a pass begun now is the next epoch (see ``__init__``)."""
-        return not self._chosen and self._ended == self._epoch and (
-            self._loaded_end or self.config.world.world_size == 1)
-
     def _next_epoch(self) -> None:
-        """At a pass's start: the next epoch after a pass that ended its epoch, unless
-        set_epoch chose one (over ranks, after a state at its end only); a shuffled epoch
-        begun again is warned of."""
-        advance, chosen, ended = self._advances(), self._chosen, self._ended
-        self._chosen, self._ended, self._loaded_end = False, None, False
-        if advance:
+        """At a pass's start: the next epoch, where ``_epochs.py`` says so."""
+        if self._next.begin(self._epoch, self._batches, resuming=self._resume is not None):
             self._epoch, self._batches, self._resume = self._epoch + 1, 0, None
             self._forget_origin()
-            return
-        if chosen or not self.config.shuffle or self._told_repeat or self._resume is not None:
-            return
-        if ended == self._epoch:  # over ranks
-            self._told_repeat = True
-            warnings.warn(
-                f"this pass repeats epoch {self._epoch}'s order: over several ranks the epoch "
-                "moves on only by set_epoch (ranks that made other numbers of passes would "
-                "plan other epochs): call loader.set_epoch(epoch) on every rank before each "
-                "epoch", stacklevel=3)
-        elif self._batches > 1:
-            self._told_repeat = True
-            warnings.warn(
-                f"this pass starts epoch {self._epoch} over, in the order of the pass left "
-                f"after {self._batches} batches: call loader.set_epoch(epoch) before each "
-                "epoch for a new order (or load_state_dict to go on where a pass was left)",
-                stacklevel=3)
 
     # -- delivery ---------------------------------------------------------------------------
     def _iter_threads(self, plan: RankPlan, epoch: int, start: int) -> Iterator[Any]:
