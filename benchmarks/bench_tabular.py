@@ -4,6 +4,8 @@ naive tutorial way (pandas in memory + a map-style Dataset + torch's DataLoader)
     .venv/bin/python benchmarks/bench_tabular.py            # 8M rows x 32 float32 + label
     .venv/bin/python benchmarks/bench_tabular.py --tiny     # seconds: the smoke test's run
     .venv/bin/python benchmarks/bench_tabular.py --peers    # + every peer (opt-in: see below)
+    .venv/bin/python benchmarks/bench_tabular.py --features 3000 --feature-types float32,int64 \
+        --rows 200000 --batch-size 32 --methods floor,pqloader-w2,pqloader-w2-proc   # wide
 
 Peers (opt-in: ``--peers`` adds them all, ``--methods`` picks some): hf-map, hf-map-batched and
 hf-stream (Hugging Face ``datasets``), petastorm, mosaic (MosaicML Streaming over MDS), ray
@@ -44,36 +46,47 @@ SEED = 0
 
 
 # -- data -------------------------------------------------------------------------------------
-def _batches(rows: int, row_group_size: int) -> Any:
-    """Seeded record batches of ``row_group_size`` rows: never the whole dataset in memory."""
+def _batches(rows: int, row_group_size: int, features: int = NUM_FEATURES,
+             types: tuple[str, ...] = ("float32",)) -> Any:
+    """Seeded record batches of ``row_group_size`` rows: never the whole dataset in memory.
+    Feature ``j`` is of ``types[j % len(types)]`` (a wide table of mixed types: ``--features``)."""
     rng = np.random.default_rng(SEED)
-    names = [f"f{j:02d}" for j in range(NUM_FEATURES)] + ["label"]
+    names = [f"f{j:02d}" for j in range(features)] + ["label"]
     for start in range(0, rows, row_group_size):
         n = min(row_group_size, rows - start)
-        features = rng.standard_normal((NUM_FEATURES, n), dtype=np.float32)
+        values = rng.standard_normal((features, n), dtype=np.float32)
+        columns = [pa.array(c.astype(types[j % len(types)], copy=False) if types != ("float32",)
+                            else c) for j, c in enumerate(values)]
         label = rng.integers(0, 10, n, dtype=np.int64)
-        yield pa.RecordBatch.from_arrays([pa.array(c) for c in [*features, label]], names=names)
+        yield pa.RecordBatch.from_arrays([*columns, pa.array(label)], names=names)
 
 
-def default_data(rows: int, files: int, row_group_size: int) -> Path:
+def default_data(rows: int, files: int, row_group_size: int, features: int = NUM_FEATURES,
+                 types: tuple[str, ...] = ("float32",)) -> Path:
     """W1's folder under the temp dir: the benchmarks that read W1 share it (and its pages)."""
-    return Path(tempfile.gettempdir()) / f"pqloader-bench-tabular-{rows}x{files}-{row_group_size}"
+    shape = "" if (features, types) == (NUM_FEATURES, ("float32",)) else \
+        f"-{features}{'-'.join(types)}"
+    return Path(tempfile.gettempdir()) / \
+        f"pqloader-bench-tabular-{rows}x{files}-{row_group_size}{shape}"
 
 
-def ensure_data(path: Path, rows: int, files: int, row_group_size: int) -> None:
-    """Write the dataset into ``path`` unless it already holds it (same rows and files)."""
+def ensure_data(path: Path, rows: int, files: int, row_group_size: int,
+                features: int = NUM_FEATURES, types: tuple[str, ...] = ("float32",)) -> None:
+    """Write the dataset into ``path`` unless it already holds it (same rows, files, columns)."""
     rows_per_file = -(-rows // files)
     parts = sorted(path.glob("part-*.parquet"))
     finished = not (path / "_pqloader_incomplete").exists()  # a write killed: written again
     if finished and len(parts) == -(-rows // rows_per_file) and \
-            sum(pq.read_metadata(p).num_rows for p in parts) == rows:
+            sum(pq.read_metadata(p).num_rows for p in parts) == rows and \
+            pq.read_metadata(parts[0]).num_columns == features + 1:
         print(f"reusing {path}", file=sys.stderr)
         return
     import pqloader
 
     print(f"writing {rows:,} rows into {path} ...", file=sys.stderr)
     t0 = time.perf_counter()
-    pqloader.write_dataset(_batches(rows, row_group_size), path, rows_per_file=rows_per_file,
+    pqloader.write_dataset(_batches(rows, row_group_size, features, types), path,
+                           rows_per_file=rows_per_file,
                            row_group_size=row_group_size, overwrite=True)
     print(f"  written in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
@@ -137,7 +150,7 @@ def run_naive(path: Path, args: argparse.Namespace, num_workers: int) -> dict[st
     rows = 0
     t0 = time.perf_counter()
     for features, labels in itertools.islice(batches, args.naive_batches):
-        assert features.shape == (len(labels), NUM_FEATURES)
+        assert features.shape == (len(labels), args.features)
         rows += len(labels)
     return {"rows": rows, "seconds": time.perf_counter() - t0, "load_s": load_s}
 
@@ -211,7 +224,8 @@ CHILDREN = {
 
 # -- the parent: run, watch, summarise --------------------------------------------------------
 def child_argv(path: Path, args: argparse.Namespace) -> list[str]:
-    return ["--data", str(path), "--batch-size", str(args.batch_size), "--epochs",
+    return ["--data", str(path), "--features", str(args.features), "--feature-types",
+            ",".join(args.feature_types), "--batch-size", str(args.batch_size), "--epochs",
             str(args.epochs), "--naive-batches", str(args.naive_batches), "--peer-seconds",
             str(args.peer_seconds)]
 
@@ -288,7 +302,8 @@ def print_table(summary: dict[str, Any], args: argparse.Namespace) -> None:
             return "-"
         return f"{x:,.0f}" if x >= 100 else f"{x:.2f}" if x >= 0.1 else f"{x:.2g}"
 
-    print(f"\nshuffled tabular batches: {args.rows:,} rows x {NUM_FEATURES} float32 + int64 "
+    print(f"\nshuffled tabular batches: {args.rows:,} rows x {args.features} "
+          f"{'/'.join(args.feature_types)} + int64 "
           f"label, {args.files} files, {args.row_group_size:,}-row groups, batch "
           f"{args.batch_size}; median of {args.repeats}")
     hf = any("x_best_hf" in s for s in summary.values())
@@ -358,6 +373,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "rows and files (default: one under the temp dir)")
     p.add_argument("--row-group-size", type=int, default=65_536,
                    help="rows per row group of the data written (default: 65,536)")
+    p.add_argument("--features", type=int, default=NUM_FEATURES,
+                   help=f"feature columns beside the label (default: {NUM_FEATURES})")
+    p.add_argument("--feature-types", default="float32", help="numpy types the features take "
+                   "in turn, comma-separated (default: float32); e.g. float32,int64 for a wide "
+                   "table of mixed types")
     p.add_argument("--tiny", action="store_true",
                    help="100k rows, 4 files, 8192-row groups, 1 repeat: a smoke run")
     p.add_argument("--naive-batches", type=int, default=40, help=argparse.SUPPRESS)
@@ -373,8 +393,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.methods += [m for m in PEER_METHODS if m not in args.methods]
     if unknown := sorted(set(args.methods) - set(METHODS + PEER_METHODS)):
         p.error(f"unknown methods {unknown}; choose among {', '.join(METHODS + PEER_METHODS)}")
+    args.feature_types = tuple(t.strip() for t in args.feature_types.split(","))
     if args.data is None:
-        args.data = default_data(args.rows, args.files, args.row_group_size)
+        args.data = default_data(args.rows, args.files, args.row_group_size, args.features,
+                                 args.feature_types)
     return args
 
 
@@ -385,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import peers  # the parent's only: it makes the peers' venvs
     commit = harness.commit()  # before the runs: others may commit while they go on
-    ensure_data(args.data, args.rows, args.files, args.row_group_size)
+    ensure_data(args.data, args.rows, args.files, args.row_group_size, args.features,
+                args.feature_types)
     prepared = peers.prepare(__file__, [m for m in args.methods if m in PEER_METHODS],
                              child_argv(args.data, args), peer_loaders.METHODS)
     runs = harness.interleave(args.methods, args.repeats,
@@ -396,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     print("RESULT " + json.dumps({
         "benchmark": "tabular", "commit": commit, "rows": args.rows, "files": args.files,
         "row_group_size": args.row_group_size, "batch_size": args.batch_size,
+        "features": args.features, "feature_types": list(args.feature_types),
         "epochs": args.epochs, "repeats": args.repeats, "naive_batches": args.naive_batches,
         "methods": summary,
     }))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import math
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,10 @@ _REST_IN_SLOT = 64 * 2**10  # bytes: the other values' pickle at least this big 
 # down a pipe and unpickled twice (0.25x a pyarrow loop over such rows; found in review)
 
 
-Layout = list[tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...], int]]
+# A group of tensors of one dtype and shape, side by side from byte ``offset``: their names,
+# dtype, one's shape and strides (a dense tensor alone keeps its own: channels_last), offset.
+Group = tuple[tuple[str, ...], torch.dtype, tuple[int, ...], tuple[int, ...], int]
+Layout = list[Group]
 
 
 def _unpack(flat: torch.Tensor, layout: Layout, rest: bytes | tuple[int, int],
@@ -41,54 +44,36 @@ def _unpack(flat: torch.Tensor, layout: Layout, rest: bytes | tuple[int, int],
     # ones are most of the batch (33 columns of W1): that would copy it all once more. A
     # tensor smaller than the other values beside it in the slot gets its own too: a kept
     # image held them (7x its bytes, found in review), and they were copied just now anyway.
-    small = _SMALL * sum(size for size in sizes if _SMALL * size < total) < total
-    for (name, *_), view, size in zip(layout, _views(flat, layout, sizes), sizes, strict=True):
+    small = _SMALL * sum(size * len(names) for (names, *_), size in zip(layout, sizes, strict=True)
+                         if _SMALL * size < total) < total
+    for (names, dtype, shape, stride, offset), size in zip(layout, sizes, strict=True):
         own = (small and _SMALL * size < total) or size < beside
-        batch[name] = view.clone() if own else view
+        group = flat[offset:offset + size * len(names)].view(dtype)
+        if own:  # the group's own memory, one copy (a kept label holds its group's alone)
+            group = group.clone()
+        if len(names) == 1:
+            batch[names[0]] = group.as_strided(shape, stride)
+        else:  # one C call for the group's views: 3,000 columns a batch, one by one, took ~9 ms
+            batch.update(zip(names, group.view(len(names), *shape).unbind(0), strict=True))
     if order is not None:  # the worker's key order (its tensors were set last here)
         batch = {k: batch[k] for k in order}
     return batch
 
 
-def _views(flat: torch.Tensor, layout: Layout, sizes: list[int]) -> list[torch.Tensor]:
-    """The layout's tensors, viewing ``flat``; a run of vectors, one view split."""
-    views: list[torch.Tensor] = []
-    for i, j in _runs(layout, sizes):
-        _, dtype, shape, stride, offset = layout[i]
-        if j - i > 1:
-            views += torch.split(flat[offset:layout[j - 1][4] + sizes[j - 1]].view(dtype),
-                                 [layout[k][2][0] for k in range(i, j)])
-        else:
-            views.append(flat[offset:offset + sizes[i]].view(dtype).as_strided(shape, stride))
-    return views
-
-
-def _runs(layout: Layout, sizes: list[int]) -> Iterator[tuple[int, int]]:
-    """The layout as index ranges ``[i, j)``: runs of 1-D tensors of one dtype lying side by
-    side (W1's 32 float columns), else one tensor each. A run is packed in one ``torch.cat``
-    and unpacked as one view split: for W1's 33 columns, 15 against 77 us to pack and 32
-    against 82 to unpack, one by one (micro-benchmarks): about a quarter of the loader's
-    process's CPU per batch from process workers, since the slots of shared memory."""
-    i = 0
-    while i < len(layout):
-        _, dtype, shape, stride, offset = layout[i]
-        j, end = i + 1, offset + sizes[i]
-        if _vector(shape, stride):
-            while j < len(layout) and layout[j][1] == dtype and layout[j][4] == end \
-                    and _vector(layout[j][2], layout[j][3]):
-                end += sizes[j]
-                j += 1
-        yield i, j
-        i = j
-
-
-def _vector(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    return len(shape) == 1 and (stride == (1,) or shape[0] <= 1)
-
-
 def _unpack_slot(token: _ring.Token, slot: int, nbytes: int, layout: Layout,
                  rest: bytes | tuple[int, int], order: list[str]) -> dict[str, Any]:
     return _unpack(_ring.view(token, slot, nbytes), layout, rest, order)
+
+
+def _groups(tensors: dict[str, torch.Tensor]) -> list[tuple[str, ...]]:
+    """The tensors' names in groups that pack side by side and unpack as one view's rows:
+    contiguous ones by dtype and shape (W1's 32 float columns, a wide table's 3,000 columns of
+    alternating types in two groups); any other tensor alone, its strides kept."""
+    groups: dict[Any, list[str]] = {}
+    for name, t in tensors.items():
+        key = (t.dtype, t.shape) if t.is_contiguous() else name
+        groups.setdefault(key, []).append(name)
+    return [tuple(names) for names in groups.values()]
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -153,8 +138,8 @@ def _packable(value: Any) -> bool:
     leaves that require grad) is left to torch's own pickling, as plain torch would send it:
     repacking them would fail (sparse has no strides) or drop what they carry (``requires_grad``).
     """
-    return (type(value) is torch.Tensor and value.layout == torch.strided
-            and value.device.type == "cpu" and not value.requires_grad
+    return (type(value) is torch.Tensor and value.layout is torch.strided
+            and value.is_cpu and not value.requires_grad  # (is_cpu: a third of .device's cost)
             and not value.is_quantized)
 
 
@@ -177,10 +162,12 @@ class PackedBatch:
         rest = _pickled({k: trim(v) for k, v in batch.items() if k not in tensors})
         self.rest: bytes | tuple[int, int] = rest
         self.layout: Layout = []
+        members = _groups(tensors)
         offset = 0
-        for name, t in tensors.items():
-            self.layout.append((name, t.dtype, tuple(t.shape), tuple(t.stride()), offset))
-            offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        for names in members:
+            t = tensors[names[0]]
+            self.layout.append((names, t.dtype, tuple(t.shape), tuple(t.stride()), offset))
+            offset += -(-t.numel() * t.element_size() * len(names) // _ALIGN) * _ALIGN
         beside = len(rest) if len(rest) >= _REST_IN_SLOT else 0
         self.slot = _ring.take(offset + beside) \
             if torch.utils.data.get_worker_info() is not None else None
@@ -189,17 +176,15 @@ class PackedBatch:
             self.rest = (offset, beside)
         self.flat = self.slot[2] if self.slot is not None else torch.empty(offset,
                                                                           dtype=torch.uint8)
-        values, sizes = list(tensors.values()), [t.numel() * t.element_size()
-                                                 for t in tensors.values()]
-        for i, j in _runs(self.layout, sizes):
-            _, dtype, shape, stride, start = self.layout[i]
-            if j - i > 1:
-                torch.cat(values[i:j], out=self.flat[start:self.layout[j - 1][4] + sizes[j - 1]]
-                          .view(dtype))
+        for names, dtype, shape, stride, start in self.layout:
+            part = self.flat[start:start + math.prod(shape) * dtype.itemsize * len(names)] \
+                .view(dtype)
+            if len(names) > 1:  # one C call: numpy's stack took 1.1 ms for 1,500 vectors of
+                # 32 against torch's 0.23 (each tensor's .numpy() ~0.7 us), and was no faster
+                # for W1's 32 columns of 4,096 either (38 against 16 us)
+                torch.stack([tensors[k] for k in names], out=part.view(len(names), *shape))
             else:
-                self.flat[start:start + sizes[i]].view(dtype).as_strided(shape, stride) \
-                    .copy_(values[i])
-
+                part.as_strided(shape, stride).copy_(tensors[names[0]])
         self.order = list(batch)
 
     def __reduce__(self) -> tuple[Any, ...]:

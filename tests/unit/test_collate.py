@@ -38,18 +38,28 @@ def test_packed_batch_keeps_values_dtypes_and_dense_layouts() -> None:
     assert got["strided"].is_contiguous()
 
 
-def test_packed_runs_of_vectors_come_back_as_they_went() -> None:
-    """Runs of 1-D tensors side by side are split from one view: padding between them (an odd
-    size), another dtype, a 2-D tensor, an empty one or a single value ends a run."""
+def test_packed_groups_of_one_dtype_and_shape_come_back_as_they_went() -> None:
+    """Contiguous tensors of one dtype and shape are packed side by side and unpacked as one
+    view's rows, wherever they lie in the batch (a wide table's columns of alternating types:
+    two groups, not one copy and one view each); an odd size, a 2-D tensor, an empty one, a
+    single value or a strided one keep their own values, shapes and order."""
     batch = {"a": torch.rand(16), "b": torch.rand(16), "odd": torch.rand(5), "c": torch.rand(16),
              "i": torch.arange(16), "j": torch.arange(16, 32), "m": torch.rand(4, 4),
              "e": torch.rand(0), "one": torch.tensor([7.0]), "d": torch.rand(16),
-             "s": torch.arange(10.0)[::3]}
+             "s": torch.arange(10.0)[::3], "m2": torch.rand(4, 4), "odd2": torch.rand(5),
+             "bf": torch.rand(16).to(torch.bfloat16), "bf2": torch.rand(16).to(torch.bfloat16)}
     got = pickle.loads(pickle.dumps(PackedBatch(batch)))
     assert list(got) == list(batch)
     for name, value in batch.items():
         assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
         assert torch.equal(got[name], value), name
+    wide = {f"f{j}": torch.arange(j, j + 32, dtype=torch.float32 if j % 2 else torch.int64)
+            for j in range(300)}
+    packed = PackedBatch(wide)
+    assert [len(names) for names, *_ in packed.layout] == [150, 150]
+    got = pickle.loads(pickle.dumps(packed))
+    assert list(got) == list(wide)
+    assert all(torch.equal(got[k], v) and got[k].dtype == v.dtype for k, v in wide.items())
 
 
 class XY(NamedTuple):  # module level: pickle finds it by name
@@ -79,7 +89,7 @@ def test_compact_leaves_sparse_and_grad_tensors_to_torch() -> None:
     batch = {"sparse": dense.to_sparse(), "csr": dense.to_sparse_csr(), "grad": leaf,
              "x": dense, "names": ["a", "b"]}
     packed = compact(batch)
-    assert isinstance(packed, PackedBatch) and [n for n, *_ in packed.layout] == ["x"]
+    assert isinstance(packed, PackedBatch) and [n for n, *_ in packed.layout] == [("x",)]
     got = pickle.loads(pickle.dumps(packed))
     assert got.keys() == batch.keys() and got["names"] == ["a", "b"]
     assert got["sparse"].layout == torch.sparse_coo and torch.equal(got["sparse"].to_dense(), dense)
