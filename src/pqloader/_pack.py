@@ -23,8 +23,8 @@ _REST_IN_SLOT = 64 * 2**10  # bytes: the other values' pickle at least this big 
 # down a pipe and unpickled twice (0.25x a pyarrow loop over such rows; found in review)
 
 
-# A group of tensors of one dtype and shape, side by side from byte ``offset``: their names,
-# dtype, one's shape and strides (a dense tensor alone keeps its own: channels_last), offset.
+# A group of tensors of one dtype, shape and strides, side by side from byte ``offset``: their
+# names, dtype, shape, strides (a dense tensor alone keeps its own: channels_last), offset.
 Group = tuple[tuple[str, ...], torch.dtype, tuple[int, ...], tuple[int, ...], int]
 Layout = list[Group]
 
@@ -47,14 +47,16 @@ def _unpack(flat: torch.Tensor, layout: Layout, rest: bytes | tuple[int, int],
     small = _SMALL * sum(size * len(names) for (names, *_), size in zip(layout, sizes, strict=True)
                          if _SMALL * size < total) < total
     for (names, dtype, shape, stride, offset), size in zip(layout, sizes, strict=True):
-        own = (small and _SMALL * size < total) or size < beside
         group = flat[offset:offset + size * len(names)].view(dtype)
-        if own:  # the group's own memory, one copy (a kept label holds its group's alone)
-            group = group.clone()
         if len(names) == 1:
-            batch[names[0]] = group.as_strided(shape, stride)
+            views = [group.as_strided(shape, stride)]
         else:  # one C call for the group's views: 3,000 columns a batch, one by one, took ~9 ms
-            batch.update(zip(names, group.view(len(names), *shape).unbind(0), strict=True))
+            views = list(group.view(len(names), *shape).unbind(0))
+            if views[0].stride() != stride:  # a size-1 dim's stride (channels_last, 1 channel)
+                views = [v.as_strided(shape, stride) for v in views]
+        if (small and _SMALL * size < total) or size < beside:  # each its own (a group's
+            views = [v.clone() for v in views]  # memory, kept by one, held 16x its bytes)
+        batch.update(zip(names, views, strict=True))
     if order is not None:  # the worker's key order (its tensors were set last here)
         batch = {k: batch[k] for k in order}
     return batch
@@ -67,11 +69,11 @@ def _unpack_slot(token: _ring.Token, slot: int, nbytes: int, layout: Layout,
 
 def _groups(tensors: dict[str, torch.Tensor]) -> list[tuple[str, ...]]:
     """The tensors' names in groups that pack side by side and unpack as one view's rows:
-    contiguous ones by dtype and shape (W1's 32 float columns, a wide table's 3,000 columns of
-    alternating types in two groups); any other tensor alone, its strides kept."""
+    contiguous ones by dtype, shape and strides (W1's 32 float columns, a wide table's 3,000
+    columns of alternating types in two groups); any other tensor alone, its strides kept."""
     groups: dict[Any, list[str]] = {}
-    for name, t in tensors.items():
-        key = (t.dtype, t.shape) if t.is_contiguous() else name
+    for name, t in tensors.items():  # (strides: contiguous ones differ where a dim is 1)
+        key = (t.dtype, t.shape, t.stride()) if t.is_contiguous() else name
         groups.setdefault(key, []).append(name)
     return [tuple(names) for names in groups.values()]
 

@@ -53,6 +53,15 @@ def test_packed_groups_of_one_dtype_and_shape_come_back_as_they_went() -> None:
     for name, value in batch.items():
         assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
         assert torch.equal(got[name], value), name
+    one_channel = torch.rand(4, 1, 8, 8).to(memory_format=torch.channels_last)
+    pooled = torch.rand(4, 16, 1, 1).to(memory_format=torch.channels_last)
+    column = torch.rand(1, 4).t()
+    strided = {"img": one_channel, "mask": one_channel.clone(), "f": pooled,
+               "g": pooled.clone(), "t": column, "u": column.clone(),
+               "plain": torch.rand(4, 1, 8, 8), "plain2": torch.rand(4, 1, 8, 8)}
+    got = pickle.loads(pickle.dumps(PackedBatch(strided)))  # size-1 dims' strides kept too
+    for name, value in strided.items():  # (a conv of a 1-channel image gave channels_first)
+        assert got[name].stride() == value.stride() and torch.equal(got[name], value), name
     wide = {f"f{j}": torch.arange(j, j + 32, dtype=torch.float32 if j % 2 else torch.int64)
             for j in range(300)}
     packed = PackedBatch(wide)
@@ -209,6 +218,17 @@ def test_small_tensors_from_worker_processes_do_not_hold_their_batch(tmp_path: P
     (batch,) = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path / "w1.parquet"),
                                    batch_size=n, num_workers=1, worker_type="process")
     assert batch["f0"].untyped_storage().nbytes() > 8 * batch["f0"].nbytes  # one buffer
+    (batch,) = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path / "img.parquet"),
+                                   batch_size=n, num_workers=1, worker_type="process",
+                                   transform=_embeddings)
+    for k in range(16):  # small ones of one shape: each its own (not their group's 16x)
+        assert batch[f"emb{k}"].untyped_storage().nbytes() == batch[f"emb{k}"].nbytes
+        assert torch.equal(batch[f"emb{k}"], torch.full((n, 4), float(k)))
+
+
+def _embeddings(batch: dict[str, Any]) -> dict[str, Any]:
+    return batch | {f"emb{k}": torch.full((len(batch["label"]), 4), float(k))
+                    for k in range(16)}
 
 
 def test_a_column_named_like_a_list_columns_lengths_is_refused(tmp_path: Path) -> None:
