@@ -15,14 +15,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._schema import rebuilt
-from ._sizes import leaf_count
+from ._sizes import arrow_of, leaf_count
 
 READ: dict[str, Any] = {"coerce_int96_timestamp_unit": "us"}  # for pq.ParquetFile and kin
 
 
 def file_schema(md: pq.FileMetaData) -> pa.Schema:
     """A footer's Arrow schema as pqloader reads the file: its INT96 columns in microseconds."""
-    schema = md.schema.to_arrow_schema()
+    global _LAST
+    schema = arrow_of(md)[0]  # the last footer's, where the same: then so is this
+    last = _LAST
+    if last is not None and last[0] is schema:
+        return last[1]
+    out = _file_schema(md, schema)
+    _LAST = (schema, out)  # (footers are read in threads: replaced whole, never read back)
+    return out
+
+
+_LAST: tuple[pa.Schema, pa.Schema] | None = None  # (arrow_of's schema, file_schema's)
+
+
+def _file_schema(md: pq.FileMetaData, schema: pa.Schema) -> pa.Schema:
     # The common cases, fast: no ns timestamp (no INT96 possible), or no int96 in the Parquet
     # schema's text (a column's name may hold it: then the leaves are asked, slower).
     if not any(_has_ns(t) for t in schema.types) or "int96" not in str(md.schema).lower():

@@ -31,7 +31,7 @@ def measure_strings(d: Discovery) -> Discovery:
         return d  # of numbers)
 
     def sample(f: int, rg: int, leaves: dict[str, int]) -> dict[str, Sample]:
-        owners = leaf_owners(footers[f]) or []
+        owners = leaf_owners(footers[f]) or ()
         names = sorted({owners[i] for i in leaves.values()})
         part = replace(d, schema=pa.schema([d.schema.field(n) for n in names]), filter=None)
         fragment = int(np.flatnonzero((d.file_index == f) & (d.row_group == rg))[0])

@@ -24,12 +24,13 @@ import pyarrow.parquet as pq
 from ._schema import holds
 from ._sizes import (
     Sample,
+    arrow_of,
     chunk_reference,
     has_bytes,
     has_values,
     is_flat_bytes,
     largest_row_group,
-    leaf_owners,
+    leaves_of,
     present,
     statistics,
 )
@@ -101,17 +102,17 @@ def _unscaled(md: pq.FileMetaData, measured: dict[str, Sample]) -> set[str]:
     if rg is None:
         return set()
     out = set()
-    for i in range(rg.num_columns):
-        chunk = rg.column(i)
-        sample = measured.get(chunk.path_in_schema)
-        if sample is None or not chunk.has_dictionary_page:
+    leaves = leaves_of(md)
+    for i, path in enumerate(leaves.paths):  # (a chunk asked for where sampled only)
+        sample = measured.get(path)
+        if sample is None or not (chunk := rg.column(i)).has_dictionary_page:
             continue
-        leaf_type = md.schema.column(i).physical_type
+        leaf_type = leaves.kinds[i]
         if sample.reference and (stats := statistics(chunk, leaf_type)) is not None \
                 and stats.has_min_max:
             continue  # scaled by its min and max: the common case, first
         if has_values(chunk, leaf_type):
-            out.add(chunk.path_in_schema)
+            out.add(path)
     return out
 
 
@@ -125,8 +126,7 @@ def dictionary_strings(md: pq.FileMetaData, columns: Collection[str] | None = No
     top-level columns, uncompressed (what a read holds; a dictionary that fell back to plain
     pages is as large as its footer says, and never worth reading)."""
     rg = largest_row_group(md)
-    arrow = md.schema.to_arrow_schema()
-    owners = leaf_owners(md, arrow)
+    arrow, owners = arrow_of(md)
     if rg is None or owners is None:
         return 0, {}
     wanted = {f.name for f in arrow if has_bytes(f.type) and not _has_dictionary(f.type)

@@ -242,7 +242,11 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], columns: Sequence[str] | Non
                 + (f": did you mean {close[0]!r}?" if close else ""))
     fields = [base.field(n) for n in names]
     typed_in = [first] * len(fields)  # the file each field's type comes from, for messages
+    last = base
     for path, schema in schemas[1:]:
+        if schema.equals(last):  # most files: the same columns as the last one, unified
+            continue  # already (200 files of 1,000 columns took 1.1 s, one by one)
+        last = schema
         if columns is None:
             extra = sorted(set(schema.names) - set(names))
             if extra:

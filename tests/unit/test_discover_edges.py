@@ -105,6 +105,32 @@ def test_a_column_not_null_in_one_file_and_nullable_in_another(tmp_path: Path) -
     assert batch["x"].isnan().tolist() == [False, False, True, False]
 
 
+def test_files_alike_share_their_schema_work_and_files_unlike_do_not(tmp_path: Path) -> None:
+    """Opening works out a footer's schema once for a run of files that share it (a wide
+    table's open took 2.4 s for 200 files); a file whose Parquet schema is the same but whose
+    Arrow schema is not (a dictionary column, said in the metadata pyarrow writes) is its own,
+    and so is a column nullable or wider in a later file of a run."""
+    from pqloader._sizes import leaves_of
+
+    categories = pa.array(["a", "b"]).dictionary_encode()
+    pq.write_table(pa.table({"s": categories, "x": [1, 2]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"s": ["c", "d"], "x": [3, 4]}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"s": categories, "x": [5, 6]}), tmp_path / "c.parquet")
+    a, b, c = (pq.read_metadata(tmp_path / f"{n}.parquet") for n in "abc")
+    assert pa.types.is_dictionary(leaves_of(a).arrow.field("s").type)
+    assert leaves_of(b).arrow.field("s").type == pa.string()
+    assert pa.types.is_dictionary(leaves_of(c).arrow.field("s").type)
+    assert leaves_of(c) is leaves_of(c) and leaves_of(c).owners == ("s", "x")
+    strict = pa.schema([pa.field("x", pa.int32(), nullable=False)])
+    for n in range(3):  # a run of files alike, then one nullable, then one wider
+        pq.write_table(pa.table({"x": [n]}, schema=strict), tmp_path / f"d{n}.parquet")
+    _write(tmp_path / "d3.parquet", x=[None])
+    pq.write_table(pa.table({"x": pa.array([4], pa.int64())}), tmp_path / "d4.parquet")
+    ds = pqloader.ParquetDataset(sorted(tmp_path.glob("d*.parquet")))
+    assert ds.schema.field("x").nullable and ds.schema.field("x").type == pa.int64()
+    assert [ds[i]["x"] for i in range(5)] == [0, 1, 2, None, 4]
+
+
 def test_a_file_rewritten_under_its_manifest_is_an_error_not_wrong_rows(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     pqloader.write_dataset(pa.table({"a": list(range(100))}), root, rows_per_file=50,
