@@ -212,23 +212,11 @@ def read_columns(names: list[str], row_filter: RowFilter | None,
     return [*names, *(c for c in row_filter.columns if c not in names and c not in partitions)]
 
 
-def _unviewed(schemas: list[tuple[str, pa.Schema]]) -> list[tuple[str, pa.Schema]]:
-    """Each file's schema with views as the types they view (:func:`unviewed`), worked out
-    once for a run of files with the same schema (1,000 columns a file took 3 ms)."""
-    out: list[tuple[str, pa.Schema]] = []
-    last: tuple[pa.Schema, pa.Schema] | None = None
-    for path, schema in schemas:
-        if last is None or not schema.equals(last[0], check_metadata=True):
-            last = (schema, unviewed(schema))
-        out.append((path, last[1]))
-    return out
-
-
 def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], groups: Groups,
            columns: Sequence[str] | None, filter: Any, store: Store | None, cache: Cache | None
            ) -> Discovery:
     """The fragment index and the unified, projected schema of opened files."""
-    schemas = _unviewed(schemas)  # as _read.py reads them
+    schemas = [(path, unviewed(s)) for path, s in schemas]  # as _read.py reads them
     part_schema = partition_schema(entries)
     if columns is not None:
         columns = list(columns)

@@ -38,7 +38,7 @@ from ._int96 import file_schema
 from ._rangefile import RangeFile
 from ._ranges import coalesce
 from ._schema import same_type
-from ._sizes import leaf_count
+from ._sizes import arrow_of, leaf_count
 from ._views import plain, unviewed
 from ._widen import fits
 
@@ -297,8 +297,9 @@ class FragmentReader:
         (``unviewed``); None without views. Found once per file: per read, it cost a tenth
         of a small row group's read."""
         if file_index not in self._plains:
-            plain = unviewed(schema)
-            self._plains[file_index] = None if plain is schema else plain
+            footer = arrow_of(self._footer(file_index))[0]  # a file without views, at once
+            plain = schema if unviewed(footer) is footer else unviewed(schema)  # (1,000
+            self._plains[file_index] = None if plain is schema else plain  # columns: 2 ms)
         return self._plains[file_index]
 
     def parquet_file(self, fragment: int, by_index: bool = False,
@@ -349,16 +350,12 @@ class FragmentReader:
         them as a ``range``: a wide table's list of each file's took megabytes)."""
         leaves = self._leaves.get(file_index)
         if leaves is None:
-            arrow = self._footer(file_index).schema.to_arrow_schema()
+            arrow, owners = arrow_of(self._footer(file_index))  # (one file's work, shared)
             wanted = set(self._file_columns)
-            some: list[int] = []
-            first = 0
-            for f in arrow:
-                n = leaf_count(f.type)
-                if f.name in wanted:
-                    some.extend(range(first, first + n))
-                first += n
-            leaves = range(first) if len(some) == first else some
+            if owners is None:  # leaves that do not line up: counted from the Arrow schema
+                owners = tuple(f.name for f in arrow for _ in range(leaf_count(f.type)))
+            some = [i for i, owner in enumerate(owners) if owner in wanted]
+            leaves = range(len(owners)) if len(some) == len(owners) else some
             self._leaves[file_index] = leaves
         return leaves
 
