@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from ._cache import Cache
 from ._discover import Discovery, discover, read_footers
-from ._errors import CorruptFileError, InvalidArgumentError, bad_text
+from ._errors import CorruptFileError, DataError, InvalidArgumentError, bad_text
 from ._fs import make_store
 from ._kept import count_kept
 from ._measure import measure_strings
@@ -285,12 +285,18 @@ def _rows(table: pa.Table, where: str) -> list[dict[str, Any]]:
     except UnicodeDecodeError as exc:
         name = next((c for c in table.column_names if not _decodes(table.column(c))), "?")
         raise CorruptFileError(f"{where}: {bad_text(name, exc)}") from exc
+    except (OverflowError, ValueError) as exc:  # a date or time Python's types cannot hold
+        name = next((c for c in table.column_names if not _decodes(table.column(c))), "?")
+        raise DataError(
+            f"{where}: column {name!r} ({table.schema.field(name).type if name != '?' else '?'}"
+            f") holds a value Python's types cannot hold ({exc}); the DataLoader gives its "
+            "numbers as a tensor, or cast it to int64 when writing") from exc
     return rows
 
 
 def _decodes(column: pa.ChunkedArray) -> bool:
     try:
         column.to_pylist()
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, OverflowError, ValueError):
         return False
     return True

@@ -105,7 +105,8 @@ def _key(expression: pc.Expression) -> str:
     try:
         reader = pa.ipc.open_file(expression.__reduce__()[1][0])
         literals = [column.to_pylist() for column in reader.get_batch(0).columns]
-    except (pa.ArrowException, IndexError, TypeError):  # another pyarrow's layout: its bytes
+    except (pa.ArrowException, IndexError, TypeError,  # another pyarrow's layout: its bytes
+            ValueError, OverflowError):  # a literal Python cannot hold (a date past 9999)
         return hashlib.sha256(pickle.dumps(expression)).hexdigest()
     return f"{reader.schema}\n{literals!r}"
 

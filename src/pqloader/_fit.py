@@ -95,8 +95,8 @@ def check_nulls(dataset: ParquetDataset) -> None:
         nulls, first, leaf = 0, None, None
         for i, entry in enumerate(d.files):
             if field.name in parts:
-                if dict(entry.partition).get(field.name, "") is None:
-                    nulls += int(file_rows[i])
+                if dict(entry.partition).get(field.name, "") is None and file_rows[i]:
+                    nulls += int(file_rows[i])  # (a file of no rows there holds no null)
                     first = first or (entry.path, "row group 0")  # (its folder's)
                 continue
             md = entry.metadata

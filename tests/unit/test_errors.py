@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import gc
 import re
 import time
@@ -367,6 +368,43 @@ def test_nulls_the_footers_count_are_told_as_the_loader_is_built(tmp_path: Path,
     assert sum(len(b["id"]) for b in pqloader.DataLoader(kept, batch_size=10)) == 150
     arrow = pqloader.DataLoader(ds, batch_size=10, collate_fn=lambda rb: rb.num_rows)
     assert sum(arrow) == 200  # nulls are Arrow's to hold
+
+
+def test_an_empty_file_in_a_null_hive_folder_holds_no_null(tmp_path: Path) -> None:
+    """A file of 0 rows under year=__HIVE_DEFAULT_PARTITION__ made the loader refuse an int
+    hive column whose every row was 2024, saying it counted 0 nulls (found by fuzzing); a
+    file with rows there is still refused."""
+    (tmp_path / "year=2024").mkdir()
+    (tmp_path / "year=__HIVE_DEFAULT_PARTITION__").mkdir()
+    pq.write_table(pa.table({"x": [1.0, 2.0]}), tmp_path / "year=2024" / "part-0.parquet")
+    pq.write_table(pa.table({"x": pa.array([], pa.float64())}),
+                   tmp_path / "year=__HIVE_DEFAULT_PARTITION__" / "part-0.parquet")
+    ds = pqloader.ParquetDataset(tmp_path)
+    (batch,) = pqloader.DataLoader(ds, batch_size=4, num_workers=0)
+    assert batch["year"].tolist() == [2024, 2024]
+    pq.write_table(pa.table({"x": [3.0]}),
+                   tmp_path / "year=__HIVE_DEFAULT_PARTITION__" / "part-1.parquet")
+    with pytest.raises(pqloader.DataError, match=r"'year' \(int64\) has null values \(1 by"):
+        pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=4)
+
+
+def test_dates_python_cannot_hold_are_named_not_raw_overflows(tmp_path: Path) -> None:
+    """A filter literal past Python's dates (pyarrow takes it) failed the open with a bare
+    OverflowError, and ds[i] of such a value too (found by fuzzing)."""
+    pq.write_table(pa.table({"t": pa.array([0, 5], pa.timestamp("us")),
+                             "d": pa.array([0, 3_000_000], pa.date32())}), tmp_path / "a.parquet")
+    import pyarrow.compute as pc
+
+    for kept in (pc.field("t") > pa.scalar(-10**17, pa.timestamp("us")),  # year -1199
+                 pc.field("d") < pa.scalar(3_000_001, pa.date32())):  # year 10183
+        ds = pqloader.ParquetDataset(tmp_path, filter=kept)
+        assert len(ds) == 2 and sum(len(b["t"]) for b in pqloader.DataLoader(ds, batch_size=2)) == 2
+    ds = pqloader.ParquetDataset(tmp_path)
+    assert ds[0]["d"] == datetime.date(1970, 1, 1)
+    with pytest.raises(pqloader.DataError, match=r"column 'd' \(date32\[day\]\) holds a value"):
+        ds[1]
+    (batch,) = pqloader.DataLoader(ds, batch_size=2, num_workers=0)
+    assert batch["d"].tolist() == [0, 3_000_000]
 
 
 # -- failures in the workers ----------------------------------------------------------------------
