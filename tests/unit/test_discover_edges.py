@@ -129,6 +129,22 @@ def test_files_alike_share_their_schema_work_and_files_unlike_do_not(tmp_path: P
     ds = pqloader.ParquetDataset(sorted(tmp_path.glob("d*.parquet")))
     assert ds.schema.field("x").nullable and ds.schema.field("x").type == pa.int64()
     assert [ds[i]["x"] for i in range(5)] == [0, 1, 2, None, 4]
+    # Parquet schemas alike but for a struct or list column's name (no Arrow schema written:
+    # ParquetSchema.equals compares leaves alone): the second file's values read as nulls
+    nested = tmp_path / "nested"
+    nested.mkdir()
+    pq.write_table(pa.table({"s": [{"t": {"x": 1}}], "y": [1]}), nested / "f1.parquet",
+                   store_schema=False)
+    pq.write_table(pa.table({"s": [{"u": {"x": 2}}], "y": [2]}), nested / "f2.parquet",
+                   store_schema=False)
+    with pytest.raises(pqloader.SchemaMismatchError, match="struct<u: struct<x: int64>> in"):
+        pqloader.ParquetDataset(nested)
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    pq.write_table(pa.table({"a": [[1]]}), renamed / "f1.parquet", store_schema=False)
+    pq.write_table(pa.table({"b": [[2]]}), renamed / "f2.parquet", store_schema=False)
+    with pytest.raises(pqloader.SchemaMismatchError, match="has column 'b' that"):
+        pqloader.ParquetDataset(renamed)
 
 
 def test_a_file_rewritten_under_its_manifest_is_an_error_not_wrong_rows(tmp_path: Path) -> None:
