@@ -145,6 +145,13 @@ def test_files_alike_share_their_schema_work_and_files_unlike_do_not(tmp_path: P
     pq.write_table(pa.table({"b": [[2]]}), renamed / "f2.parquet", store_schema=False)
     with pytest.raises(pqloader.SchemaMismatchError, match="has column 'b' that"):
         pqloader.ParquetDataset(renamed)
+    odd = tmp_path / "odd"  # a name whose newline prints like another column's node
+    odd.mkdir()
+    pq.write_table(pa.table({"a": [1], "b": [2]}), odd / "f1.parquet", store_schema=False)
+    pq.write_table(pa.table({"a;\n  optional int64 field_id=-1 b": [3]}), odd / "f2.parquet",
+                   store_schema=False)
+    with pytest.raises(pqloader.SchemaMismatchError, match="lacks"):
+        pqloader.ParquetDataset(odd)
 
 
 def test_a_file_rewritten_under_its_manifest_is_an_error_not_wrong_rows(tmp_path: Path) -> None:
