@@ -28,7 +28,7 @@ def file_schema(md: pq.FileMetaData) -> pa.Schema:
     if last is not None and last[0] is schema:
         return last[1]
     out = _file_schema(md, schema)
-    _LAST = (schema, out)  # (footers are read in threads: replaced whole, never read back)
+    _LAST = (schema, out)  # (replaced whole, as footers are read in threads; out returned)
     return out
 
 
