@@ -261,7 +261,11 @@ def test_files_of_heavy_and_light_rows_stay_in_the_budget(tmp_path: Path) -> Non
         ds, batch_size=256, shuffle=True, seed=0, num_workers=0, memory_budget_bytes=budget,
         collate_fn=lambda b: {"id": torch.from_numpy(b.column("id").to_numpy().copy())})
     added, ids = _peak_added(loader)
-    assert added <= budget, f"added {added / MIB:.0f} MiB over {budget / MIB:.0f} MiB"
+    # What progress needs is made anyway (the README): a heavy row group (128 rows of 16 KiB)
+    # read while the room was short. Peaks were 56-63 MiB alone; 65 in a CI run beside a
+    # second job; the fault this test catches ran at 2x the budget
+    slack = 128 * 16_384
+    assert added <= budget + slack, f"added {added / MIB:.0f} MiB over {budget / MIB:.0f} MiB"
     assert np.array_equal(np.sort(ids), np.arange(1_006_400))
 
 
