@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import InvalidArgumentError, LoaderTimeoutError, PQLoaderError
@@ -27,12 +26,12 @@ from ._read import PARALLEL_FRAGMENTS, FragmentReader
 from ._reads import IN_ORDER_BYTES, bounded, in_order_reads
 from ._threads import EXITING, DaemonPool
 from ._transform import transform_arity, transform_rng, transform_rng_keyword
+from ._where import describe, rows_from
 
 Columns = dict[str, Any]  # name -> numpy array (numbers) or Arrow array
 ROWS = "__pqloader_rows__"  # the hidden column of global row numbers, when auditing
 WHERE = "__pqloader_where__"  # where a batch's rows come from, for error notes: (window,
 # start, stop) parts, positions in the window's emission order
-_NAMED = 8  # row groups an error names (a read may join thousands)
 
 
 @dataclass
@@ -164,65 +163,12 @@ class Stages:
         return rows if permutation is None else rows[permutation]
 
     def rows_from(self, parts: Sequence[tuple[Window, int, int]]) -> str:
-        """The row groups a batch's rows were read from, for a collate_fn's or a transform's
-        error: ``parts`` are (window, start, stop), positions in the window's emission order
-        (its permutation, made again here: errors are rare)."""
-        try:
-            named: dict[Slice, None] = {}
-            for window, start, stop in parts:
-                rows = window.order()[start:stop]
-                found = np.searchsorted(window.starts(), rows, side="right") - 1
-                for k in np.unique(found).tolist():
-                    named[window.slices[k]] = None
-        except Exception:  # a note must not hide the error it notes
-            return ""
-        if not named:
-            return ""
-        return "; its rows are from " + self._named(
-            sorted(named, key=lambda s: (s.fragment, s.start)))
+        """The row groups a batch's rows were read from, for an error (``_where.py``)."""
+        return rows_from(self.reader.discovery, parts)
 
     def describe(self, window: Window, column: pa.ChunkedArray | None = None) -> str:
-        """The files and row groups a window reads, for error messages: those holding the
-        nulls of ``column`` (of the window, read order) when it has any, else its uint64
-        values past int64's (every row group was named: found in review)."""
-        slices: Sequence[Slice] = window.slices
-        try:
-            if column is not None and (faults := _nulls if _nulls(column) else
-                                       _past_int64)(column):
-                slices = tuple(s for s, at in zip(slices, window.starts().tolist(),
-                                                  strict=False)
-                               if faults(column.slice(at, s.num_rows))) or slices
-        except Exception:  # a note must not hide the error it notes
-            slices = window.slices
-        return self._named(slices)
-
-    def _named(self, slices: Sequence[Slice]) -> str:
-        """The files and row groups of ``slices``: ``_NAMED`` of them, then how many more."""
-        named = "; ".join(self.reader.discovery.where(s.fragment) for s in slices[:_NAMED])
-        return named + (f"; and {len(slices) - _NAMED:,} row groups more"
-                        if len(slices) > _NAMED else "")
-
-
-def _nulls(column: pa.ChunkedArray) -> int:
-    """The nulls a column's error is about: its own, and those in its lists' values (a null
-    list of variable length is no error: a row of length 0)."""
-    t = column.type
-    inside = sum(int(c.flatten().null_count) for c in column.chunks) \
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
-        else 0
-    own = 0 if pa.types.is_list(t) or pa.types.is_large_list(t) else int(column.null_count)
-    return own + inside
-
-
-def _past_int64(column: pa.ChunkedArray) -> int:
-    """A uint64 column's values (or its lists') past int64's range."""
-    t = column.type
-    listed = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-    if (t.value_type if listed else t) != pa.uint64():
-        return 0
-    values = [pc.list_flatten(c) if listed else c for c in column.chunks]
-    most = pa.scalar(2**63 - 1, pa.uint64())
-    return sum(int(pc.sum(pc.greater(v, most)).as_py() or 0) for v in values)
+        """The files and row groups a window reads, for an error (``_where.py``)."""
+        return describe(self.reader.discovery, window, column)
 
 
 def _slice(values: Any, start: int, stop: int) -> Any:
