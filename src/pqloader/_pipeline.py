@@ -145,7 +145,8 @@ class Stages:
                 column = arrow.pop(name)
                 columns[name] = prepare(column, name, kind, order)
         except PQLoaderError as exc:
-            exc.add_note(f"in {self.describe(window, column if locate else None)}")
+            exc.add_note("in " + describe(self.reader.discovery, window,
+                                          column if locate else None))
             raise
         return columns
 
@@ -161,14 +162,6 @@ class Stages:
         rows = np.concatenate([np.arange(first[s.fragment] + s.start, first[s.fragment] + s.stop)
                                for s in window.slices])
         return rows if permutation is None else rows[permutation]
-
-    def rows_from(self, parts: Sequence[tuple[Window, int, int]]) -> str:
-        """The row groups a batch's rows were read from, for an error (``_where.py``)."""
-        return rows_from(self.reader.discovery, parts)
-
-    def describe(self, window: Window, column: pa.ChunkedArray | None = None) -> str:
-        """The files and row groups a window reads, for an error (``_where.py``)."""
-        return describe(self.reader.discovery, window, column)
 
 
 def _slice(values: Any, start: int, stop: int) -> Any:
@@ -307,7 +300,8 @@ def raw_batches(stages: Stages, plan: WorkerPlan, *, skip: int = 0,
                 most = min(most, max(1, stages.memory.budget_bytes // (4 * per_read)))
             ahead = max(ahead, most)
     batches = _cut(read_ahead(stages.load, segments, stages.memory, stages.need_bytes,
-                              ahead, stages.timeout_s, lambda seg: stages.describe(seg.window)),
+                              ahead, stages.timeout_s,
+                              lambda seg: describe(stages.reader.discovery, seg.window)),
                    plan.batch_sizes[skip:])
     yield from zip(plan.positions[skip:], batches, strict=True)
 
@@ -325,9 +319,9 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
         try:
             batch = stages.collate_fn(to_arrow(columns))
         except Exception as exc:
-            exc.add_note(f"in pqloader collate_fn, batch {number} of rank {rank}, "
-                         f"epoch {epoch}{stages.rows_from(where)}; it is given the batch as "
-                         "a pyarrow.RecordBatch (iterating one gives its columns; "
+            exc.add_note(f"in pqloader collate_fn, batch {number} of rank {rank}, epoch "
+                         f"{epoch}{rows_from(stages.reader.discovery, where)}; it is given the "
+                         "batch as a pyarrow.RecordBatch (iterating one gives its columns; "
                          "batch.to_pylist() its rows as dicts, as torch's collate_fn gets)")
             raise
     else:
@@ -335,7 +329,7 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
             batch = to_torch(columns, stages.kinds)
         except PQLoaderError as exc:  # text not UTF-8: the rows' row groups named
             exc.add_note(f"in batch {number} of rank {rank}, epoch {epoch}"
-                         f"{stages.rows_from(where)}")
+                         f"{rows_from(stages.reader.discovery, where)}")
             raise
     if stages.transform is not None:
         try:
@@ -348,7 +342,7 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
                 batch = stages.transform(batch)
         except Exception as exc:
             exc.add_note(f"in pqloader transform, batch {number} of rank {rank}, "
-                         f"epoch {epoch}{stages.rows_from(where)}")
+                         f"epoch {epoch}{rows_from(stages.reader.discovery, where)}")
             raise
         if batch is None:  # a transform that changed its batch in place and returned nothing
             raise InvalidArgumentError(

@@ -279,8 +279,10 @@ def test_an_error_names_a_few_of_a_reads_row_groups(make_dataset: Any) -> None:
     (3.8 KB for 64, found in review)."""
     import pqloader
     from pqloader._plan import Slice, Window
+    from pqloader._where import describe
 
     ds = pqloader.ParquetDataset(make_dataset(300, rows_per_file=300, row_group_size=10))
     stages = pqloader.DataLoader(ds, batch_size=10, num_workers=0)._planner.stages
-    told = stages.describe(Window(tuple(Slice(f, 0, 10) for f in range(20)), None))
+    told = describe(stages.reader.discovery,
+                    Window(tuple(Slice(f, 0, 10) for f in range(20)), None))
     assert told.count("row group") == 9 and told.endswith("; and 12 row groups more")
