@@ -22,7 +22,7 @@ from ._config import START_GRACE_S
 from ._errors import LoaderTimeoutError
 from ._globalrng import call_init
 from ._memory import MemoryBudget, nbytes
-from ._threads import close_at_exit, took, track
+from ._threads import close_at_exit, thread, took, track
 
 _SIZED = 8  # under a budget, the first batches are sized, then one in this many (~5% of a
 # loader's rate on string columns, every batch sized)
@@ -88,8 +88,7 @@ class Delivery:
         self._born = time.perf_counter()
         self._starting = max(0, max_threads) if worker_init_fn is not None else 0
         self._up_at = self._born  # when the last worker_init_fn returned
-        self._pool = [track(threading.Thread(target=self._run, args=(i,), daemon=True,
-                                             name=f"pqloader-worker-{i}"))
+        self._pool = [track(thread(self._run, f"pqloader-worker-{i}", i))
                       for i in range(max(0, max_threads))]
         close_at_exit(self)  # an iterator left open at exit: its threads wind down first
         for t in self._pool:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -36,6 +35,7 @@ from ._schema import hive_partition, partition_schema, typed_first, unify
 from ._signed import redact
 from ._sizes import RowBytes, file_rows, fragment_bytes
 from ._sources import expand_source, list_remote
+from ._threads import executor
 from ._views import unviewed
 from ._widen import common_number, widened_bytes
 
@@ -99,7 +99,7 @@ def read_footers(entries: Sequence[FileEntry], store: Store | None = None,
                                                       e.version))
 
     workers = max(1, min(_MAX_FOOTER_THREADS, len(missing)))
-    with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
+    with executor(workers, "pqloader-footer") as pool:
         found = iter(list(pool.map(read, missing)))
     return [e.metadata if e.metadata is not None else next(found) for e in entries]
 
@@ -146,7 +146,7 @@ def _open_remote(source: object, store: Store, cache: Cache | None
                  ) -> tuple[list[FileEntry], list[tuple[str, pa.Schema]], Groups]:
     objects, root, manifest_obj = list_remote(source, store)
     if any(o.size <= 0 for o in objects):  # listings without sizes (HTTP): ask each object
-        with ThreadPoolExecutor(min(_MAX_FOOTER_THREADS, len(objects))) as pool:
+        with executor(min(_MAX_FOOTER_THREADS, len(objects)), "pqloader-list") as pool:
             objects = list(pool.map(lambda o: o if o.size > 0 else store.info(o.path), objects))
             if manifest_obj is not None and manifest_obj.size <= 0:  # else read as empty
                 manifest_obj = store.info(manifest_obj.path)
@@ -169,7 +169,7 @@ def _open_remote(source: object, store: Store, cache: Cache | None
                       for f in manifest.files]
             return entries, [(entries[0].path, manifest.schema)], groups
     workers = max(1, min(_MAX_FOOTER_THREADS, len(objects)))
-    with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
+    with executor(workers, "pqloader-footer") as pool:
         footers = list(pool.map(lambda o: remote_footer(store, cache, o), objects))
     entries = [FileEntry(store.url(o.path), md, o.size, part, o.version)
                for o, md, part in zip(objects, footers, parts, strict=True)]

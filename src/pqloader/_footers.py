@@ -3,7 +3,6 @@ ranged request for its tail (through the cache)."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,6 +14,7 @@ from ._fetch import cached_ranges
 from ._fs import ObjectInfo, Store
 from ._int96 import file_schema
 from ._sizes import RowBytes, row_bytes
+from ._threads import executor
 
 # Local footers: parsing one holds the GIL for most of its ~100 us, and 32 threads on 2 cores
 # fought over it. Opening 2,000 cached footers (medians, shared 2-core VM): 32 threads a file
@@ -110,6 +110,6 @@ def local_footers(paths: list[Path]) -> list[LocalFooter]:
 
     workers = max(1, min(_LOCAL_FOOTER_THREADS, len(paths)))
     n = -(-len(paths) // (workers * _LOCAL_FOOTER_CHUNKS))
-    with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-footer") as pool:
+    with executor(workers, "pqloader-footer") as pool:
         chunks = pool.map(read, [paths[i:i + n] for i in range(0, len(paths), n)])
         return [footer for chunk in chunks for footer in chunk]

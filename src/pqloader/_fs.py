@@ -42,6 +42,7 @@ from ._retry import (
     with_timeout,
 )
 from ._signed import has_secret
+from ._threads import executor
 
 # Extras that provide each protocol, for the install hint when one is missing.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
@@ -214,8 +215,7 @@ class Store:
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.retry.max_concurrency,
-                                                    thread_name_prefix="pqloader-io")
+                    self._pool = executor(self.retry.max_concurrency, "pqloader-io")
         return self._pool
 
     # listing

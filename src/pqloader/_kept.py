@@ -21,6 +21,7 @@ from ._filter import has_floats
 from ._int96 import READ as INT96
 from ._int96 import file_schema
 from ._read import FragmentReader
+from ._threads import executor
 
 _CHUNK_ROWS = 1 << 20  # rows of row groups a thread counts as one task
 _CHUNK_BYTES = 64 << 20  # filter columns tested in one go, at most (and one row group)
@@ -50,7 +51,7 @@ def count_kept(d: Discovery) -> Discovery:
         kept = np.where(np.asarray(per_file, dtype=bool)[d.file_index], d.num_rows, 0)
     else:
         threads = (os.cpu_count() or 1) * (1 if d.store is None else 4)
-        with ThreadPoolExecutor(threads, thread_name_prefix="pqloader-filter") as pool:
+        with executor(threads, "pqloader-filter") as pool:
             maybe = _may_match(d, pool)
             # the filter's columns, read as if they were the dataset's: every row of each group
             probe = FragmentReader(replace(d, schema=f.schema, filter=None))

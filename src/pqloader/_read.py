@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, wait
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from ._rangefile import RangeFile
 from ._ranges import coalesce
 from ._schema import same_type
 from ._sizes import arrow_of, leaf_count
+from ._threads import executor
 from ._views import plain, unviewed
 from ._widen import fits
 
@@ -198,7 +199,7 @@ class FragmentReader:
         ahead = set(first.values())
         order = [*first.values(), *(k for k in range(len(fragments)) if k not in ahead)]
         workers = min(PARALLEL_FRAGMENTS, len(fragments))
-        with ThreadPoolExecutor(workers, thread_name_prefix="pqloader-fetch") as pool:
+        with executor(workers, "pqloader-fetch") as pool:
             futures = {k: pool.submit(self.read, fragments[k]) for k in order}
             # the first failure, as soon as it comes: the reads not started are cancelled
             # (else each was made, with all its retries, before the error was told: 200 s

@@ -21,6 +21,7 @@ from typing import Any
 
 from ._errors import DatasetNotFoundError, InvalidArgumentError, RemoteIOError
 from ._signed import is_signed
+from ._threads import thread as pqthread
 
 __all__ = ["Limiter", "RangeIgnored", "RetryPolicy", "ShortRead", "classify", "remote_error",
            "with_timeout"]
@@ -245,7 +246,7 @@ def with_timeout(fn: Callable[[], Any], timeout_s: float,
         except BaseException as exc:
             error.append(exc)
 
-    thread = threading.Thread(target=run, daemon=True, name="pqloader-request")
+    thread = pqthread(run, "pqloader-request")
     thread.start()
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else float("inf")
     while thread.is_alive() and (left := deadline - time.monotonic()) > 0:

@@ -8,7 +8,6 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,6 +16,7 @@ from ._fs import ObjectInfo, Store
 from ._manifest import INCOMPLETE, incomplete_error
 from ._manifest import NAME as MANIFEST_NAME
 from ._signed import redact, unsigned
+from ._threads import executor
 
 _GLOB_CHARS = set("*?[")
 T = TypeVar("T")
@@ -156,7 +156,7 @@ def list_remote(source: object, store: Store) -> tuple[list[ObjectInfo], str | N
         if not found:
             raise EmptyDatasetError(f"{source}: the glob matches no file")
         folders = sorted({o.path.rpartition("/")[0] for o in found})  # as _glob does
-        with ThreadPoolExecutor(min(16, len(folders))) as pool:  # a round trip each (HTTP)
+        with executor(min(16, len(folders)), "pqloader-list") as pool:  # a round trip each (HTTP)
             marked = list(pool.map(lambda f: store.exists(f"{f}/{INCOMPLETE}"), folders))
         if True in marked:
             raise incomplete_error(store.url(folders[marked.index(True)]))

@@ -122,7 +122,9 @@ def test_a_stream_error_reaches_the_caller_with_a_note() -> None:
 
 
 def test_timeout_names_the_batch() -> None:
-    d = _deliver(_streams(2, 0, 4, sleep_s=2.0), 0, 4, timeout_s=0.3)
+    # as the loader sets it under a timeout: the caller never makes a batch (else it would
+    # make batch 0 itself whenever it asked before a thread took it)
+    d = _deliver(_streams(2, 0, 4, sleep_s=2.0), 0, 4, timeout_s=0.3, caller_helps=False)
     with pytest.raises(LoaderTimeoutError, match="batch 0"):
         d.get(0)
     d.close()
@@ -172,6 +174,12 @@ def test_shared_stream_gives_one_streams_batches_whatever_the_threads(views: int
 
     shared = SharedStream(_raw(start, 200), start=start, finish=finish)
     d = _deliver(shared.streams(views, 200), start, 200, threads=views, max_threads=views)
+    # a thread makes the first batches before the caller asks (else the two race for them:
+    # the caller, which makes a batch it asks for that no thread has taken, won them all
+    # where a thread's start was slower)
+    deadline = time.monotonic() + 10
+    while not where and time.monotonic() < deadline:
+        time.sleep(0.001)
     got = []
     for k in range(start, 200):
         got.append(d.get(k))
