@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import pickle
 import threading
 import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -71,7 +73,13 @@ class ProcessDelivery:
                 loader.dataset.set_epoch(  # type: ignore[attr-defined]
                     epoch, start, num_workers=w.num_workers)
                 loader.pqloader_pass = this_pass
-                it = iter(loader)
+                try:
+                    it = iter(loader)
+                except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                    told = _unpicklable(self._planner, w)
+                    if told is None:
+                        raise
+                    raise InvalidArgumentError(told) from exc
                 if w.persistent_workers and it not in _released:
                     # its workers end when it goes (torch's __del__, before this runs): let
                     # go of their rings then, not at some later process loader's first batch
@@ -144,6 +152,28 @@ class ProcessDelivery:
         if w.persistent_workers:
             self._loader = loader
         return loader, up
+
+
+def _unpicklable(planner: Planner, w: WorkerConfig) -> str | None:
+    """What to tell when starting the workers failed to pickle: the argument that does not
+    pickle, where processes are not forked (spawn, forkserver: Python 3.14's default)."""
+    method = _context(w.multiprocessing_context).get_start_method()
+    if method == "fork":
+        return None
+    given = {"transform": planner.config.transform, "collate_fn": planner.config.collate_fn,
+             "worker_init_fn": w.worker_init_fn}
+    for name, fn in given.items():
+        if fn is None:
+            continue
+        try:
+            ForkingPickler.dumps(fn)
+        except Exception as why:
+            return (f"{name}={fn!r} does not pickle ({why}), and worker processes started by "
+                    f"{method!r} get it pickled (Python 3.14's default start on Linux is "
+                    "'forkserver'): define it at a module's top level (not a lambda or a "
+                    "nested function), pass multiprocessing_context='fork' (Linux), or use "
+                    "thread workers (worker_type='thread', the default)")
+    return None
 
 
 def _context(given: Any) -> Any:

@@ -514,6 +514,21 @@ def test_failing_collate_fn_names_its_batch(make_dataset: Any) -> None:
     assert "collate_fn, batch 0" in notes and "epoch 0" in notes
 
 
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+@pytest.mark.parametrize("name", ["transform", "collate_fn", "worker_init_fn"])
+def test_a_callable_that_does_not_pickle_is_named_where_workers_are_not_forked(
+        make_dataset: Any, context: str, name: str) -> None:
+    def nested(arg: Any) -> Any:  # a nested function: pickle cannot find it by name
+        return arg
+
+    ds = pqloader.ParquetDataset(make_dataset(200), columns=["id"])
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=1, worker_type="process",
+                                 multiprocessing_context=context, **{name: nested})
+    with pytest.raises(pqloader.InvalidArgumentError,
+                       match=rf"^{name}=.*nested.* does not pickle .*'{context}'.*top level"):
+        next(iter(loader))
+
+
 @pytest.mark.parametrize(
     "mode",
     [
