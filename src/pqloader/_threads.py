@@ -12,7 +12,7 @@ longest batch a worker thread has taken to make (a heavy transform: one of 7 s a
 exit), at most a minute, saying so when it waits past 5 s.
 
 A fork waits for pqloader's threads to be out of the allocator's thread set-up and tear-down
-(:func:`started`, :func:`_settle`).
+(``_forks``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
-import pyarrow as pa
+from ._forks import leaving, started
 
 T = TypeVar("T")
 
@@ -48,89 +48,31 @@ _open: weakref.WeakSet[Any] = weakref.WeakSet()
 _lock = threading.Lock()
 
 
-# A thread's first allocation from Arrow's pool and its exit take a lock of the allocator's
-# (mimalloc, pyarrow's default: its list of thread heaps). A fork taken meanwhile leaves that
-# lock held in the child for good, and the child's first new thread to allocate waits on it
-# forever: seen as a worker process stuck in read_row_groups' pre-buffering, once in this
-# project's tests and twice in 27,000 forks of a loop that broke off a thread loader and then
-# made a process pass. Python's join returns before the OS thread runs its exit (thread-local
-# destructors, mimalloc's among them), and in that loop a pqloader thread was in that window at
-# 1 fork in 600. So each pqloader thread makes its first allocation as it starts, and a fork
-# waits (bounded) until none of pqloader's threads is starting or ending.
-FORK_WAIT_S = 0.25  # at most, per fork; a thread waited on this long is not waited for again
-_starting: set[int] = set()  # native ids of pqloader threads making their first allocation
-_ours: set[int] = set()  # native ids of pqloader threads started, live or ending
-_PRUNE_AT = 256  # ids of threads gone are dropped once this many are kept
-
-
 def _forked() -> None:
     """A forked child (a torch worker) has none of its parent's threads, and must not inherit
     a lock that another parent thread held at the fork."""
-    global _lock, _threads, _open, _starting, _ours
+    global _lock, _threads, _open
     _lock, _threads, _open = threading.Lock(), weakref.WeakSet(), weakref.WeakSet()
-    _starting, _ours = set(), set()
 
 
-def _tasks() -> set[int] | None:
-    """The native ids of this process's threads (Linux), else None."""
-    try:
-        return {int(name) for name in os.listdir("/proc/self/task")}
-    except (OSError, ValueError):
-        return None
-
-
-def _settle() -> None:
-    """Before a fork: wait until no pqloader thread is making its first allocation, or has
-    ended in Python but not yet in the OS, for at most ``FORK_WAIT_S``."""
-    deadline = time.monotonic() + FORK_WAIT_S
-    while (tasks := _tasks()) is not None:
-        alive = {t.native_id for t in threading.enumerate()}
-        with _lock:
-            _ours.intersection_update(tasks)
-            waiting = (_starting & tasks) | (_ours - alive)
-            if not waiting:
-                return
-            if time.monotonic() >= deadline:  # stuck in its exit: not waited for again
-                _ours.difference_update(waiting)
-                _starting.difference_update(waiting)
-                return
-        time.sleep(0.0002)
-
-
-os.register_at_fork(before=_settle, after_in_child=_forked)
-
-
-def started() -> None:
-    """Called first on every thread pqloader starts: its first allocation from Arrow's pool is
-    made now, known to a fork (:func:`_settle`), not in the middle of a read."""
-    tid = threading.get_native_id()
-    with _lock:
-        _starting.add(tid)
-    try:
-        _first_allocation()
-    finally:
-        with _lock:
-            _starting.discard(tid)
-            _ours.add(tid)
-            if len(_ours) > _PRUNE_AT and (tasks := _tasks()) is not None:
-                _ours.intersection_update(tasks)
-
-
-def _first_allocation() -> None:
-    pa.allocate_buffer(64)  # 0 bytes would not reach the allocator
+os.register_at_fork(after_in_child=_forked)
 
 
 def thread(target: Callable[..., Any], name: str, *args: Any) -> threading.Thread:
-    """A daemon thread of pqloader's (not started): ``target(*args)`` after :func:`started`."""
+    """A daemon thread of pqloader's (not started): ``target(*args)``, its start and end
+    known to a fork (``_forks``)."""
     def run() -> None:
         started()
-        target(*args)
+        try:
+            target(*args)
+        finally:
+            leaving()
 
     return threading.Thread(target=run, daemon=True, name=name)
 
 
 def executor(workers: int, name: str) -> ThreadPoolExecutor:
-    """A ``ThreadPoolExecutor`` whose threads are pqloader's (:func:`started`)."""
+    """A ``ThreadPoolExecutor`` whose threads' start is known to a fork (``_forks``)."""
     return ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=started)
 
 

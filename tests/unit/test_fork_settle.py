@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from pqloader import _threads
+from pqloader import _forks, _threads
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="fork, /proc/self/task and glibc's pthread keys")
@@ -79,7 +81,7 @@ def _ended_thread(how: str, body: Callable[[], None]) -> int:
 @pytest.mark.parametrize("how", ["thread", "executor"])
 def test_a_fork_waits_for_a_pqloader_thread_still_leaving_the_os(
         how: str, slow_exit: Callable[[float], None], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_threads, "FORK_WAIT_S", 10.0)
+    monkeypatch.setattr(_forks, "FORK_WAIT_S", 10.0)
     tid = _ended_thread(how, lambda: slow_exit(0.3))
     assert _present(tid), "joined in Python, still running its exit in the OS"
     _fork()
@@ -88,18 +90,18 @@ def test_a_fork_waits_for_a_pqloader_thread_still_leaving_the_os(
 
 def test_a_fork_waits_for_a_stuck_exit_only_as_long_as_its_bound_and_once(
         slow_exit: Callable[[float], None], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_threads, "FORK_WAIT_S", 0.05)
+    monkeypatch.setattr(_forks, "FORK_WAIT_S", 0.05)
     tid = _ended_thread("thread", lambda: slow_exit(1.0))
     _fork()
     assert _present(tid), "the fork waited past its bound"
-    assert tid not in _threads._ours, "the next fork would wait for it again"
+    assert tid not in _forks._ours, "the next fork would wait for it again"
     _fork()
     _gone(tid)
 
 
 def test_a_fork_waits_for_a_pqloader_thread_making_its_first_allocation(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_threads, "FORK_WAIT_S", 10.0)
+    monkeypatch.setattr(_forks, "FORK_WAIT_S", 10.0)
     entered, allocated = threading.Event(), threading.Event()
 
     def first_allocation() -> None:
@@ -107,7 +109,7 @@ def test_a_fork_waits_for_a_pqloader_thread_making_its_first_allocation(
         time.sleep(0.3)
         allocated.set()
 
-    monkeypatch.setattr(_threads, "_first_allocation", first_allocation)
+    monkeypatch.setattr(_forks, "_first_allocation", first_allocation)
     t = _threads.thread(lambda: None, "pqloader-test")
     t.start()
     assert entered.wait(10)
@@ -123,9 +125,63 @@ def test_a_forked_child_knows_none_of_its_parents_threads() -> None:
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.write(write, f"{len(_threads._ours)},{len(_threads._starting)}".encode())
+        os.write(write, f"{len(_forks._ours)},{len(_forks._starting)}".encode())
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(read, 100) == b"0,0"
     os.close(read)
     os.close(write)
+
+
+def _run(code: str) -> str:
+    """``code`` in a fresh interpreter (its own at-fork hooks, registered before pqloader's);
+    what it prints."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_no_pqloader_thread_starts_or_ends_while_the_fork_is_being_taken() -> None:
+    # a hook registered before pqloader's runs after it: between its wait and the fork
+    out = _run("""
+        import os, threading, time
+        box = {}
+        def between():
+            box["start"].start()  # its first allocation, were it let, comes now
+            box["release"].set()  # the other thread's target returns: it would end now
+            time.sleep(0.2)
+            box["started"] = box["allocated"].is_set()
+            box["ended"] = not os.path.exists(f"/proc/self/task/{box['tid']}")
+        os.register_at_fork(before=between)
+        from pqloader import _forks, _threads
+        box["release"] = threading.Event()
+        ending = _threads.thread(box["release"].wait, "pqloader-test")
+        ending.start()
+        box["tid"] = ending.native_id
+        box["allocated"] = threading.Event()
+        _forks._first_allocation = box["allocated"].set  # the next thread's
+        box["start"] = _threads.thread(lambda: None, "pqloader-test")
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(box["started"], box["ended"])
+    """)
+    assert out == "False False", "a thread started or ended between the wait and the fork"
+
+
+def test_a_fork_by_the_thread_that_holds_the_lock_is_not_a_deadlock() -> None:
+    # as from a signal handler that runs while its thread is inside started() or leaving()
+    out = _run("""
+        import os
+        from pqloader import _forks
+        _forks.FORK_WAIT_S = 0.1
+        with _forks._lock:
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        print("forked")
+    """)
+    assert out == "forked"
