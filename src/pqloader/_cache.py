@@ -14,6 +14,7 @@ a file lock.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -45,6 +46,7 @@ __all__ = ["Buffer", "Cache", "CacheEntry", "CorruptCacheEntry"]
 _LAYOUT = "v2"
 _EVICT_TO = 0.9  # eviction frees down to this share of max_bytes
 _CLEAR_TEMPORARIES_S = 60  # clear() deletes temporary files older than this
+_FULL_RETRY_S = 10.0  # a full disk makes a process evict at most this often
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class Cache:
         self._used: int | None = None  # bytes on disk, as last counted plus our own puts
         self._unsynced = 0  # bytes this process wrote since it last counted the disk
         self._warned = False  # a failed write was reported
+        self._full_at = -float("inf")  # when a full disk last made this process evict
 
     def __repr__(self) -> str:
         return f"Cache({str(self.directory)!r}, max_bytes={self.max_bytes})"
@@ -160,15 +163,35 @@ class Cache:
                 tmp.unlink()
             if not isinstance(exc, OSError):
                 raise
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"pqloader cache {self.directory} cannot be written ({exc}); "
-                              "reading without it. Check the folder's permissions and free "
-                              "space, or pass cache=None", RuntimeWarning, stacklevel=2)
+            self._cannot_write(exc)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT) and self.max_bytes is not None:
+                self._make_room()
             return False
         if self.max_bytes is not None:
-            self._account(written)
+            try:
+                self._account(written)
+            except OSError as exc:  # the folder went meanwhile (deleted by hand)
+                self._cannot_write(exc)
         return True
+
+    def _cannot_write(self, exc: OSError) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"pqloader cache {self.directory} cannot be written ({exc}); "
+                          "reading without it. Check the folder's permissions and free "
+                          "space, or pass cache=None", RuntimeWarning, stacklevel=3)
+
+    def _make_room(self) -> None:
+        """The disk is full: evict down to the budget now, not after a put that cannot
+        succeed (a cache filled past ``max_bytes`` by a job with a larger one stayed so:
+        review). At most once per ``_FULL_RETRY_S``: a disk filled by other files stays full."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._full_at < _FULL_RETRY_S:
+                return
+            self._full_at = now
+        with contextlib.suppress(OSError):
+            self.evict()
 
     def _account(self, written: int) -> None:
         """Count a put and evict when over ``max_bytes``. Other processes (workers, other
@@ -191,11 +214,11 @@ class Cache:
 
     # -- maintenance -----------------------------------------------------------------------
     def _files(self) -> Iterator[os.DirEntry[str]]:
-        if not self._root.is_dir():
-            return
-        for sub in os.scandir(self._root):
+        """The entry files, in folders that may go while they are scanned (a cache deleted
+        by hand under running jobs failed their reads, named as their data's fault: review)."""
+        for sub in _scan(self._root):
             if sub.is_dir(follow_symlinks=False):
-                for entry in os.scandir(sub.path):
+                for entry in _scan(sub.path):
                     if entry.name.endswith(".pqc") and entry.is_file(follow_symlinks=False):
                         yield entry
 
@@ -265,10 +288,10 @@ class Cache:
         """Temporary files left by writers that died mid-write (a live one writes an entry
         in seconds; ``clear`` left them all, uncounted: found in review)."""
         cutoff = time.time() - older_than_s
-        for sub in os.scandir(self._root):
+        for sub in _scan(self._root):
             if not sub.is_dir(follow_symlinks=False):
                 continue
-            for entry in os.scandir(sub.path):
+            for entry in _scan(sub.path):
                 if entry.name.startswith(".tmp-"):
                     with contextlib.suppress(OSError):
                         if entry.stat().st_mtime < cutoff:
@@ -287,3 +310,12 @@ class Cache:
             shutil.rmtree(self.directory / name, ignore_errors=True)
             freed += size - tree_bytes(self.directory / name)  # what a writer kept, if any
         return freed
+
+
+def _scan(folder: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
+    """A folder's entries; none if it is gone (or unreadable)."""
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except OSError:
+        return []

@@ -31,12 +31,16 @@ def cmd_cache(args: argparse.Namespace) -> int:
             f"clear {args.dir}` deletes them") if old else ""
     if args.action == "du":
         entries = cache.entries()
-        used = sum(e.size_bytes for e in entries)
+        used = cache.usage()  # damaged entries too, as eviction counts them
+        damaged = max(0, used - sum(e.size_bytes for e in entries))
         if args.json:
             print(json.dumps({"dir": str(args.dir), "entries": len(entries), "bytes": used,
-                              "old_layouts": old}))
+                              "damaged_bytes": damaged, "old_layouts": old}))
         else:
             print(f"{human_bytes(used)} in {len(entries):,} entries ({args.dir})")
+            if damaged:
+                print(f"of which {human_bytes(damaged)} in damaged entries, which loaders "
+                      f"delete as they meet them, and `pqloader cache clear {args.dir}` too")
             if note:
                 print(note)
         return 0

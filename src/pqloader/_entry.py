@@ -46,10 +46,15 @@ def write(f: IO[bytes], url: str, version: str | None, offset: int, length: int,
 
 
 def read_header(f: IO[bytes]) -> dict[str, Any]:
-    """An entry file's header (``ValueError`` or ``struct.error`` if it has none)."""
+    """An entry file's header (``ValueError`` or ``struct.error`` if it has none, or one
+    without its fields: ``pqloader cache ls`` failed on a KeyError, found in review)."""
     head = f.read(8)
     (n,) = struct.unpack("<I", head[4:8])
-    header: dict[str, Any] = json.loads(f.read(n))
+    header = json.loads(f.read(n))
+    if not (isinstance(header, dict) and isinstance(header.get("url"), str)
+            and isinstance(header.get("version"), (str, type(None)))
+            and type(header.get("offset")) is int and type(header.get("length")) is int):
+        raise ValueError(f"not an entry's header: {str(header)[:80]}")
     return header
 
 

@@ -3,7 +3,10 @@ caches that cannot be written, shared by several jobs, or held across a fork."""
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import shutil
 import threading
 import warnings
 from pathlib import Path
@@ -16,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import pqloader
+from pqloader import _cache
 from pqloader._cache import Cache, CorruptCacheEntry
 from pqloader._cli import main as cli
 from pqloader._fetch import cached_ranges
@@ -242,6 +246,63 @@ def test_a_child_forked_while_the_cache_lock_is_held_can_still_write(tmp_path: P
             os._exit(0 if cache.get("u", "v", 10, 10) is not None else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_cache_deleted_by_hand_under_its_writers_is_no_error_of_theirs(tmp_path: Path) -> None:
+    """``rm -rf`` of a cache while jobs write to it: a put is best effort (before, a scan of
+    a folder just deleted raised FileNotFoundError, which a read told as its file gone)."""
+    folder = tmp_path / "cache"
+    cache = Cache(folder, max_bytes=20_000)  # small: every put counts the disk again
+    stop = threading.Event()
+
+    def wipe() -> None:
+        while not stop.is_set():
+            shutil.rmtree(folder, ignore_errors=True)
+
+    wiper = threading.Thread(target=wipe)
+    wiper.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # cannot be written: told once
+            for i in range(3_000):
+                cache.put("http://h/a.parquet", "v", i * 1_000, 1_000, bytes(1_000))
+    finally:
+        stop.set()
+        wiper.join()
+
+
+def test_cache_commands_read_past_a_damaged_entry_header(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = Cache(tmp_path)
+    cache.put("http://h/a.parquet", "v", 0, 10, bytes(10))
+    cache.put("http://h/b.parquet", "v", 0, 10, bytes(10))
+    damaged = next(e for e in cache.entries() if e.url.endswith("a.parquet"))
+    damaged.path.write_bytes(damaged.path.read_bytes().replace(b'"url"', b'"uql"', 1))
+    assert [e.url for e in cache.entries()] == ["http://h/b.parquet"]
+    assert cli(["cache", "ls", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "b.parquet" in out and "a.parquet" not in out
+    assert cli(["cache", "du", str(tmp_path), "--json"]) == 0
+    du = json.loads(capsys.readouterr().out)
+    assert du["entries"] == 1 and du["bytes"] == cache.usage() and du["damaged_bytes"] > 0
+
+
+def test_a_full_disk_makes_the_cache_evict_down_to_its_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache filled past this job's max_bytes (by a job with a larger one) until the disk
+    is full: this job's puts all fail, so eviction, which ran after a put, never ran."""
+    big = Cache(tmp_path)
+    for i in range(10):
+        big.put("http://h/a", "v", i * 20_000, 20_000, bytes(20_000))
+    small = Cache(tmp_path, max_bytes=50_000)
+
+    def full(*args: Any, **kwargs: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_cache, "write", full)  # the disk, full (a real one needs a mount)
+    with pytest.warns(RuntimeWarning, match="cannot be written"):
+        assert not small.put("http://h/b", "v", 0, 20_000, bytes(20_000))
+    assert small.usage() <= 50_000
 
 
 def test_cache_commands_on_a_missing_folder_make_nothing(
