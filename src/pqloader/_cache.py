@@ -39,7 +39,7 @@ from ._errors import InvalidArgumentError
 from ._layouts import old_layouts, tree_bytes
 from ._signed import unsigned
 
-__all__ = ["Buffer", "Cache", "CacheEntry", "CorruptCacheEntry"]
+__all__ = ["Buffer", "Cache", "CacheEntry", "CorruptCacheEntry", "Survey"]
 
 # A new entry format gets a new folder; old ones are left alone. v1: one entry per column
 # chunk, read into Python bytes. v2: one entry per coalesced row-group range, memory-mapped.
@@ -60,6 +60,16 @@ class CacheEntry:
     size_bytes: int  # on disk
     last_used: float  # seconds since the epoch
     path: Path
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What one scan of a cache found (``pqloader cache du``)."""
+
+    entries: list[CacheEntry]  # least recently used first
+    bytes: int  # of every entry file
+    damaged_bytes: int  # of those whose header does not read: loaders delete them
+    unreadable_bytes: int  # of those this user cannot open
 
 
 class Cache:
@@ -91,6 +101,7 @@ class Cache:
         self._used: int | None = None  # bytes on disk, as last counted plus our own puts
         self._unsynced = 0  # bytes this process wrote since it last counted the disk
         self._warned = False  # a failed write was reported
+        self._warned_evict = False  # ... a failed eviction
         self._full_at = -float("inf")  # when a full disk last made this process evict
 
     def __repr__(self) -> str:
@@ -170,8 +181,10 @@ class Cache:
         if self.max_bytes is not None:
             try:
                 self._account(written)
-            except OSError as exc:  # the folder went meanwhile (deleted by hand)
-                self._cannot_write(exc)
+            except FileNotFoundError:  # the folder went meanwhile (deleted by hand)
+                pass
+            except OSError as exc:
+                self._cannot_evict(exc)
         return True
 
     def _cannot_write(self, exc: OSError) -> None:
@@ -180,6 +193,13 @@ class Cache:
             warnings.warn(f"pqloader cache {self.directory} cannot be written ({exc}); "
                           "reading without it. Check the folder's permissions and free "
                           "space, or pass cache=None", RuntimeWarning, stacklevel=3)
+
+    def _cannot_evict(self, exc: OSError) -> None:
+        if not self._warned_evict:
+            self._warned_evict = True
+            warnings.warn(f"pqloader cache {self.directory} cannot evict ({exc}): it may grow "
+                          f"past max_bytes={self.max_bytes}. Check the folder's permissions",
+                          RuntimeWarning, stacklevel=3)
 
     def _make_room(self) -> None:
         """The disk is full: evict down to the budget now, not after a put that cannot
@@ -190,8 +210,12 @@ class Cache:
             if now - self._full_at < _FULL_RETRY_S:
                 return
             self._full_at = now
-        with contextlib.suppress(OSError):
+        try:
             self.evict()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self._cannot_evict(exc)
 
     def _account(self, written: int) -> None:
         """Count a put and evict when over ``max_bytes``. Other processes (workers, other
@@ -232,17 +256,35 @@ class Cache:
 
     def entries(self) -> list[CacheEntry]:
         """Every entry, least recently used first."""
+        return self.survey().entries
+
+    def survey(self) -> Survey:
+        """One scan of the entry files: the entries, and the bytes of all, of those whose
+        header is damaged and of those this user cannot read (two scans told a file written
+        between them as damaged: found in review)."""
         out = []
+        total = damaged = unreadable = 0
         for entry in self._files():
             try:
                 st = entry.stat()
+            except FileNotFoundError:
+                continue
+            total += st.st_size
+            try:
                 with open(entry.path, "rb") as f:
                     header = read_header(f)
-            except (OSError, ValueError, struct.error):
+            except FileNotFoundError:
+                total -= st.st_size
+                continue
+            except OSError:
+                unreadable += st.st_size
+                continue
+            except (ValueError, struct.error):
+                damaged += st.st_size
                 continue
             out.append(CacheEntry(header["url"], header["version"], header["offset"],
                                   header["length"], st.st_size, st.st_mtime, Path(entry.path)))
-        return sorted(out, key=lambda e: e.last_used)
+        return Survey(sorted(out, key=lambda e: e.last_used), total, damaged, unreadable)
 
     def evict(self, target: int | None = None, *, wait: bool = False) -> int:
         """Delete least recently used entries until the cache holds at most ``target`` bytes
@@ -313,9 +355,10 @@ class Cache:
 
 
 def _scan(folder: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
-    """A folder's entries; none if it is gone (or unreadable)."""
+    """A folder's entries; none if it is gone (one that cannot be read is an error: a cache
+    counted short of it was evicted short of it, found in review)."""
     try:
         with os.scandir(folder) as it:
             return list(it)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return []

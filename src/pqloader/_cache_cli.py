@@ -30,17 +30,20 @@ def cmd_cache(args: argparse.Namespace) -> int:
             f"layouts ({', '.join(old)}), which this version never reads: `pqloader cache "
             f"clear {args.dir}` deletes them") if old else ""
     if args.action == "du":
-        entries = cache.entries()
-        used = cache.usage()  # damaged entries too, as eviction counts them
-        damaged = max(0, used - sum(e.size_bytes for e in entries))
+        seen = cache.survey()  # damaged entries' bytes too, as eviction counts them
         if args.json:
-            print(json.dumps({"dir": str(args.dir), "entries": len(entries), "bytes": used,
-                              "damaged_bytes": damaged, "old_layouts": old}))
+            print(json.dumps({"dir": str(args.dir), "entries": len(seen.entries),
+                              "bytes": seen.bytes, "damaged_bytes": seen.damaged_bytes,
+                              "unreadable_bytes": seen.unreadable_bytes, "old_layouts": old}))
         else:
-            print(f"{human_bytes(used)} in {len(entries):,} entries ({args.dir})")
-            if damaged:
-                print(f"of which {human_bytes(damaged)} in damaged entries, which loaders "
-                      f"delete as they meet them, and `pqloader cache clear {args.dir}` too")
+            print(f"{human_bytes(seen.bytes)} in {len(seen.entries):,} entries ({args.dir})")
+            if seen.damaged_bytes:
+                print(f"of which {human_bytes(seen.damaged_bytes)} in damaged entries, which "
+                      f"loaders delete as they meet them, and `pqloader cache clear "
+                      f"{args.dir}` too")
+            if seen.unreadable_bytes:
+                print(f"of which {human_bytes(seen.unreadable_bytes)} in entries this user "
+                      "cannot read (another user's?)")
             if note:
                 print(note)
         return 0

@@ -18,6 +18,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
+from multiprocessing.context import set_spawning_popen
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -76,7 +77,7 @@ class ProcessDelivery:
                 try:
                     it = iter(loader)
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                    told = _unpicklable(self._planner, w)
+                    told = _unpicklable(self._planner, w, exc)
                     if told is None:
                         raise
                     raise InvalidArgumentError(told) from exc
@@ -154,9 +155,12 @@ class ProcessDelivery:
         return loader, up
 
 
-def _unpicklable(planner: Planner, w: WorkerConfig) -> str | None:
-    """What to tell when starting the workers failed to pickle: the argument that does not
-    pickle, where processes are not forked (spawn, forkserver: Python 3.14's default)."""
+def _unpicklable(planner: Planner, w: WorkerConfig, exc: BaseException) -> str | None:
+    """What to tell when starting the workers failed to pickle (``exc``): the argument that
+    fails to pickle just so, where processes are not forked (spawn, forkserver: Python 3.14's
+    default). Pickled as for a process being started (a multiprocessing lock in a transform
+    pickles then), and named only when it fails with ``exc``'s very error: else a transform
+    that pickles was blamed for another part's failure (found in review)."""
     method = _context(w.multiprocessing_context).get_start_method()
     if method == "fork":
         return None
@@ -165,15 +169,28 @@ def _unpicklable(planner: Planner, w: WorkerConfig) -> str | None:
     for name, fn in given.items():
         if fn is None:
             continue
+        set_spawning_popen(_Starting())  # type: ignore[arg-type]  # a stand-in
         try:
             ForkingPickler.dumps(fn)
         except Exception as why:
+            if type(why) is not type(exc) or str(why) != str(exc):
+                continue
             return (f"{name}={fn!r} does not pickle ({why}), and worker processes started by "
                     f"{method!r} get it pickled (Python 3.14's default start on Linux is "
                     "'forkserver'): define it at a module's top level (not a lambda or a "
                     "nested function), pass multiprocessing_context='fork' (Linux), or use "
                     "thread workers (worker_type='thread', the default)")
+        finally:
+            set_spawning_popen(None)
     return None
+
+
+class _Starting:
+    """Stands for the process being started while a callable is pickled as for it."""
+
+    @staticmethod
+    def duplicate_for_child(fd: int) -> int:
+        return fd
 
 
 def _context(given: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import multiprocessing
 import re
 import time
 from collections.abc import Iterable
@@ -526,6 +527,29 @@ def test_a_callable_that_does_not_pickle_is_named_where_workers_are_not_forked(
                                  multiprocessing_context=context, **{name: nested})
     with pytest.raises(pqloader.InvalidArgumentError,
                        match=rf"^{name}=.*nested.* does not pickle .*'{context}'.*top level"):
+        next(iter(loader))
+
+
+class _HoldsASpawnLock:
+    """A transform that pickles for a process being started, and only then."""
+
+    def __init__(self) -> None:
+        self.lock = multiprocessing.get_context("spawn").Lock()
+
+    def __call__(self, batch: Any) -> Any:
+        return batch
+
+
+def test_a_transform_that_pickles_for_a_new_process_is_not_blamed_for_another_part(
+        make_dataset: Any) -> None:
+    def nested(batch: Any) -> Any:
+        return batch
+
+    ds = pqloader.ParquetDataset(make_dataset(200), columns=["id"])
+    loader = pqloader.DataLoader(ds, batch_size=50, num_workers=1, worker_type="process",
+                                 multiprocessing_context="spawn", transform=_HoldsASpawnLock(),
+                                 collate_fn=nested)
+    with pytest.raises(pqloader.InvalidArgumentError, match=r"^collate_fn=.*nested"):
         next(iter(loader))
 
 

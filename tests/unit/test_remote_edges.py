@@ -287,6 +287,39 @@ def test_cache_commands_read_past_a_damaged_entry_header(
     assert du["entries"] == 1 and du["bytes"] == cache.usage() and du["damaged_bytes"] > 0
 
 
+def test_a_cache_that_cannot_evict_says_so_once_and_reads_go_on(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, max_bytes=5_000)
+    cache.put("http://h/a", "v", 0, 1_000, bytes(1_000))
+    (tmp_path / "v2" / ".lock").mkdir()  # eviction's lock file cannot be opened
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(1, 20):
+            assert cache.put("http://h/a", "v", i * 1_000, 1_000, bytes(1_000))
+    told = [str(w.message) for w in caught]
+    assert len(told) == 1 and "cannot evict" in told[0] and "max_bytes=5000" in told[0]
+
+
+def test_du_counts_entries_written_meanwhile_as_entries_not_damage(tmp_path: Path) -> None:
+    cache = Cache(tmp_path)
+    stop = threading.Event()
+
+    def write() -> None:
+        i = 0
+        while not stop.is_set():
+            cache.put("http://h/a", "v", i * 10_000, 10_000, bytes(10_000))
+            i += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        surveys = [cache.survey() for _ in range(20)]
+    finally:
+        stop.set()
+        writer.join()
+    assert all(s.damaged_bytes == 0 and s.unreadable_bytes == 0 for s in surveys)
+    assert all(s.bytes == sum(e.size_bytes for e in s.entries) for s in surveys)
+
+
 def test_a_full_disk_makes_the_cache_evict_down_to_its_budget(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cache filled past this job's max_bytes (by a job with a larger one) until the disk
