@@ -21,20 +21,19 @@ import json
 import numbers
 import os
 import shutil
-import struct
 import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ._entry import Buffer, CorruptCacheEntry, decode, read_header, write
+from ._cache_files import CacheEntry, Survey, entry_files, scan, survey
+from ._entry import Buffer, CorruptCacheEntry, decode, write
 from ._errors import InvalidArgumentError
 from ._layouts import old_layouts, tree_bytes
 from ._signed import unsigned
@@ -47,29 +46,6 @@ _LAYOUT = "v2"
 _EVICT_TO = 0.9  # eviction frees down to this share of max_bytes
 _CLEAR_TEMPORARIES_S = 60  # clear() deletes temporary files older than this
 _FULL_RETRY_S = 10.0  # a full disk makes a process evict at most this often
-
-
-@dataclass(frozen=True)
-class CacheEntry:
-    """One cached range, as ``pqloader cache ls`` shows it."""
-
-    url: str
-    version: str | None
-    offset: int
-    length: int
-    size_bytes: int  # on disk
-    last_used: float  # seconds since the epoch
-    path: Path
-
-
-@dataclass(frozen=True)
-class Survey:
-    """What one scan of a cache found (``pqloader cache du``)."""
-
-    entries: list[CacheEntry]  # least recently used first
-    bytes: int  # of every entry file
-    damaged_bytes: int  # of those whose header does not read: loaders delete them
-    unreadable_bytes: int  # of those this user cannot open
 
 
 class Cache:
@@ -237,19 +213,10 @@ class Cache:
             self.evict()
 
     # -- maintenance -----------------------------------------------------------------------
-    def _files(self) -> Iterator[os.DirEntry[str]]:
-        """The entry files, in folders that may go while they are scanned (a cache deleted
-        by hand under running jobs failed their reads, named as their data's fault: review)."""
-        for sub in _scan(self._root):
-            if sub.is_dir(follow_symlinks=False):
-                for entry in _scan(sub.path):
-                    if entry.name.endswith(".pqc") and entry.is_file(follow_symlinks=False):
-                        yield entry
-
     def usage(self) -> int:
         """Bytes the cache's entries take on disk."""
         total = 0
-        for entry in self._files():
+        for entry in entry_files(self._root):
             with contextlib.suppress(FileNotFoundError):
                 total += entry.stat().st_size
         return total
@@ -259,32 +226,8 @@ class Cache:
         return self.survey().entries
 
     def survey(self) -> Survey:
-        """One scan of the entry files: the entries, and the bytes of all, of those whose
-        header is damaged and of those this user cannot read (two scans told a file written
-        between them as damaged: found in review)."""
-        out = []
-        total = damaged = unreadable = 0
-        for entry in self._files():
-            try:
-                st = entry.stat()
-            except FileNotFoundError:
-                continue
-            total += st.st_size
-            try:
-                with open(entry.path, "rb") as f:
-                    header = read_header(f)
-            except FileNotFoundError:
-                total -= st.st_size
-                continue
-            except OSError:
-                unreadable += st.st_size
-                continue
-            except (ValueError, struct.error):
-                damaged += st.st_size
-                continue
-            out.append(CacheEntry(header["url"], header["version"], header["offset"],
-                                  header["length"], st.st_size, st.st_mtime, Path(entry.path)))
-        return Survey(sorted(out, key=lambda e: e.last_used), total, damaged, unreadable)
+        """One scan of the entry files (``pqloader cache du``): see :func:`survey`."""
+        return survey(self._root)
 
     def evict(self, target: int | None = None, *, wait: bool = False) -> int:
         """Delete least recently used entries until the cache holds at most ``target`` bytes
@@ -306,7 +249,7 @@ class Cache:
                 return 0  # another process is evicting right now
             try:
                 files = []
-                for entry in self._files():
+                for entry in entry_files(self._root):
                     with contextlib.suppress(FileNotFoundError):
                         st = entry.stat()
                         files.append((st.st_mtime, st.st_size, entry.path))
@@ -330,10 +273,10 @@ class Cache:
         """Temporary files left by writers that died mid-write (a live one writes an entry
         in seconds; ``clear`` left them all, uncounted: found in review)."""
         cutoff = time.time() - older_than_s
-        for sub in _scan(self._root):
+        for sub in scan(self._root):
             if not sub.is_dir(follow_symlinks=False):
                 continue
-            for entry in _scan(sub.path):
+            for entry in scan(sub.path):
                 if entry.name.startswith(".tmp-"):
                     with contextlib.suppress(OSError):
                         if entry.stat().st_mtime < cutoff:
@@ -353,12 +296,3 @@ class Cache:
             freed += size - tree_bytes(self.directory / name)  # what a writer kept, if any
         return freed
 
-
-def _scan(folder: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
-    """A folder's entries; none if it is gone (one that cannot be read is an error: a cache
-    counted short of it was evicted short of it, found in review)."""
-    try:
-        with os.scandir(folder) as it:
-            return list(it)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
