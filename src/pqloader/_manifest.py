@@ -23,12 +23,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._errors import CorruptFileError
+from ._errors import CorruptFileError, DatasetNotFoundError
 from ._int96 import file_schema
 from ._samples import measure, measure_files
 from ._sizes import RowBytes, Sample, has_bytes, row_bytes
 
 NAME = "_pqloader_manifest.json"
+TMP_PREFIX = f".{NAME}.tmp-"  # its temporary file, renamed into place
 # Lies in a folder while write_dataset fills it (or swaps a new dataset in), and stays when it
 # fails or is killed: opening the folder then refuses, rather than read a part of the rows.
 INCOMPLETE = "_pqloader_incomplete"
@@ -74,9 +75,13 @@ def write_manifest(root: Path, paths: list[str]) -> None:
     schema = file_schema(footers[0])
     body = {"format": FORMAT, "version": VERSION, "files": files,
             "schema": base64.b64encode(schema.serialize().to_pybytes()).decode()}
-    tmp = root / f".{NAME}.tmp-{uuid.uuid4().hex}"
-    tmp.write_text(json.dumps(body, separators=(",", ":")), encoding="utf-8")
-    os.replace(tmp, root / NAME)
+    tmp = root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
+    try:
+        tmp.write_text(json.dumps(body, separators=(",", ":")), encoding="utf-8")
+        os.replace(tmp, root / NAME)
+    except BaseException:  # a full disk: no half-written file left (a kill is the next
+        tmp.unlink(missing_ok=True)  # write's to clean: _writing.remove_leftovers)
+        raise
 
 
 def _measured(paths: list[str], footers: list[pq.FileMetaData]) -> list[dict[str, Sample]]:
@@ -110,7 +115,12 @@ def read_manifest(root: Path, paths: list[Path]) -> Manifest | None:
     for p in paths:
         s = os.fspath(p)
         by_name[s[len(prefix):] if s.startswith(prefix) else os.path.relpath(s, root)] = p
-    found = {name: os.stat(p).st_size for name, p in by_name.items()}
+    try:
+        found = {name: os.stat(p).st_size for name, p in by_name.items()}
+    except FileNotFoundError as exc:  # was raised bare (found in review)
+        raise DatasetNotFoundError(
+            f"{exc.filename}: the file went while the dataset was being opened ({exc}); a "
+            "write may be replacing the dataset: open it again once it is done") from exc
     return match_manifest(text, str(file), found, by_name.__getitem__)
 
 

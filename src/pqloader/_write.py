@@ -180,14 +180,14 @@ def _write_into(root: Path, data: Any, *, overwrite: bool, rows_per_file: int,
     # failure or a kill, it makes opening the folder an error, not a dataset short of rows.
     marker = root / INCOMPLETE
     if staging == root:
-        marker.write_text(_MARKER_TEXT)
+        _mark(marker)
     swapping = False  # old files going, new ones coming: a failure keeps both the marker and
     try:  # the staged files (the new dataset, whole, for whoever picks up the pieces)
         paths = _write_files(data, root, staging, rows_per_file=rows_per_file,
                              row_group_size=row_group_size, compression=compression,
                              progress=progress, schema=schema)
         if staging != root:
-            marker.write_text(_MARKER_TEXT)
+            _mark(marker)
             swapping = True
             for p in existing:
                 p.unlink()
@@ -203,6 +203,16 @@ def _write_into(root: Path, data: Any, *, overwrite: bool, rows_per_file: int,
         if staging != root and not swapping:
             shutil.rmtree(staging, ignore_errors=True)
     return paths
+
+
+def _mark(marker: Path) -> None:
+    """Write the marker, or none: one left half-written by a full disk before any file was
+    swapped made the old dataset, whole, an error to open (found in review)."""
+    try:
+        marker.write_text(_MARKER_TEXT)
+    except BaseException:
+        marker.unlink(missing_ok=True)
+        raise
 
 
 def decoded_bytes(table: pa.Table) -> int:

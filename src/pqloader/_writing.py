@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ._errors import InvalidArgumentError
+from ._manifest import TMP_PREFIX as MANIFEST_TMP
 
 LOCK = ".pqloader-writing"
 STAGING_PREFIX = ".pqloader-staging-"
@@ -73,5 +74,6 @@ def remove_leftovers(root: Path) -> None:
         name = entry.name
         if name.startswith(STAGING_PREFIX) and entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
-        elif name.startswith(".part-") and TMP_INFIX in name and entry.is_file():
+        elif entry.is_file() and (name.startswith(MANIFEST_TMP)  # (left for good: review)
+                                  or (name.startswith(".part-") and TMP_INFIX in name)):
             entry.unlink(missing_ok=True)

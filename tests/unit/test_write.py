@@ -688,6 +688,61 @@ def test_what_a_killed_write_left_goes_with_the_next_write(tmp_path: Path) -> No
     assert _data_files(root) == ["_pqloader_manifest.json", "part-00000.parquet"]
 
 
+def test_a_manifest_a_killed_write_left_half_made_goes_with_the_next_write(
+        tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    script = (f"import os, signal, sys\n"
+              f"import pyarrow as pa, pqloader\n"
+              f"def kill(event, args):  # as the manifest is renamed into place\n"
+              f"    if event == 'os.rename' and '_pqloader_manifest.json.tmp-' in str(args[0]):\n"
+              f"        os.kill(os.getpid(), signal.SIGKILL)\n"
+              f"sys.addaudithook(kill)\n"
+              f"pqloader.write_dataset(pa.table({{'id': list(range(100))}}), {str(root)!r}, "
+              f"rows_per_file=10)\n")
+    assert subprocess.run([sys.executable, "-c", script], check=False).returncode == -9
+    assert len(list(root.glob("._pqloader_manifest.json.tmp-*"))) == 1
+    with pytest.raises(pqloader.CorruptFileError):  # the marker: not a dataset yet
+        pqloader.ParquetDataset(root)
+    pqloader.write_dataset(_table(10), root, overwrite=True)
+    assert _data_files(root) == ["_pqloader_manifest.json", "part-00000.parquet"]
+    assert not list(root.glob(".*"))
+
+
+def test_an_overwrite_whose_marker_cannot_be_written_leaves_the_old_dataset_openable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pqloader.write_dataset(_table(10), tmp_path)
+    real = Path.write_text
+
+    def full(self: Path, *args: Any, **kwargs: Any) -> int:
+        if self.name == "_pqloader_incomplete":  # the disk fills as it is written
+            real(self, "")
+            raise OSError(28, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match="No space left"):
+        pqloader.write_dataset(_table(100), tmp_path, overwrite=True)
+    monkeypatch.undo()
+    assert len(pqloader.ParquetDataset(tmp_path)) == 10
+
+
+def test_a_file_gone_while_the_manifest_is_read_is_a_dataset_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pqloader import _discover
+
+    pqloader.write_dataset(_table(500), tmp_path, rows_per_file=100)
+    real = _discover.read_manifest
+
+    def replaced_meanwhile(root: Path, paths: list[Path]) -> Any:  # the folder listed, then
+        pqloader.write_dataset(_table(300), tmp_path, rows_per_file=100, overwrite=True)
+        return real(root, paths)
+
+    monkeypatch.setattr(_discover, "read_manifest", replaced_meanwhile)
+    with pytest.raises(pqloader.DatasetNotFoundError, match=r"part-0000[34].parquet: the file "
+                       "went while the dataset was being opened"):
+        pqloader.ParquetDataset(tmp_path)
+
+
 def test_a_second_write_into_the_same_folder_meanwhile_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "out"
     started, go = threading.Event(), threading.Event()
