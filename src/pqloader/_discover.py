@@ -35,6 +35,7 @@ from ._schema import hive_partition, partition_schema, typed_first, unify
 from ._signed import redact
 from ._sizes import RowBytes, file_rows, fragment_bytes
 from ._sources import expand_source, list_remote
+from ._stamps import Stamp
 from ._threads import executor
 from ._views import unviewed
 from ._widen import common_number, widened_bytes
@@ -51,6 +52,7 @@ class FileEntry:
     size_bytes: int
     partition: tuple[tuple[str, str | None], ...] = ()
     version: str | None = None  # a remote object's ETag or mtime: the cache's key
+    stamp: Stamp | None = None  # a local file's inode and mtime when opened (_read checks)
 
 
 @dataclass(frozen=True)
@@ -127,15 +129,15 @@ def _open_local(source: object) -> tuple[list[FileEntry], list[tuple[str, pa.Sch
     manifest = read_manifest(root, paths) if root is not None else None
     groups: Groups
     if manifest is not None:
-        entries = [FileEntry(str(f.path), None, f.size_bytes, hive_partition(f.path, root))
-                   for f in manifest.files]
+        entries = [FileEntry(str(f.path), None, f.size_bytes, hive_partition(f.path, root),
+                             stamp=f.stamp) for f in manifest.files]
         schemas = [(entries[0].path, manifest.schema)]
         groups = [(f.row_group_rows, f.row_group_bytes, f.row_bytes) for f in manifest.files]
     else:
         footers = local_footers(paths)
         entries = [
-            FileEntry(str(p), md, size, hive_partition(p, root))
-            for p, (md, size, _, _) in zip(paths, footers, strict=True)
+            FileEntry(str(p), md, size, hive_partition(p, root), stamp=stamp)
+            for p, (md, size, _, _, stamp) in zip(paths, footers, strict=True)
         ]
         schemas = [(e.path, f[3]) for e, f in zip(entries, footers, strict=True)]
         groups = [f[2] for f in footers]

@@ -3,6 +3,7 @@ ranged request for its tail (through the cache)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +15,7 @@ from ._fetch import cached_ranges
 from ._fs import ObjectInfo, Store
 from ._int96 import file_schema
 from ._sizes import RowBytes, row_bytes
+from ._stamps import Stamp, stamp_of
 from ._threads import executor
 
 # Local footers: parsing one holds the GIL for most of its ~100 us, and 32 threads on 2 cores
@@ -26,7 +28,8 @@ _TAIL_BYTES = 64 << 10  # a remote footer is fetched with this much of the file'
 
 # One file's rows and encoded bytes per row group, and its columns' decoded bytes per row.
 RowGroups = tuple[tuple[int, ...], tuple[int, ...], RowBytes | None]
-LocalFooter = tuple[pq.FileMetaData, int, RowGroups, pa.Schema]  # footer, size, groups, schema
+# footer, size, groups, schema, inode and mtime
+LocalFooter = tuple[pq.FileMetaData, int, RowGroups, pa.Schema, Stamp]
 
 
 def row_groups(md: pq.FileMetaData) -> RowGroups:
@@ -88,15 +91,18 @@ def remote_footer_and_tail(store: Store, cache: Cache | None, obj: ObjectInfo
     return checked(md, url), fetched
 
 
-def read_footer(path: Path) -> tuple[pq.FileMetaData, int]:
+def read_footer(path: Path) -> tuple[pq.FileMetaData, os.stat_result]:
+    """A local file's footer, and its ``stat`` taken first (a file replaced between the two
+    then fails the check of its stamp at its first read, not the other way)."""
     try:
-        md, size = pq.read_metadata(path), path.stat().st_size
+        st = path.stat()
+        md = pq.read_metadata(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptFileError(
             f"{path}: not a readable Parquet file ({exc}); remove it or pass a glob that "
             "matches only Parquet files"
         ) from exc
-    return checked(md, str(path)), size
+    return checked(md, str(path)), st
 
 
 def local_footers(paths: list[Path]) -> list[LocalFooter]:
@@ -104,8 +110,8 @@ def local_footers(paths: list[Path]) -> list[LocalFooter]:
     def read(chunk: list[Path]) -> list[LocalFooter]:
         out = []
         for path in chunk:
-            md, size = read_footer(path)
-            out.append((md, size, row_groups(md), file_schema(md)))
+            md, st = read_footer(path)
+            out.append((md, st.st_size, row_groups(md), file_schema(md), stamp_of(st)))
         return out
 
     workers = max(1, min(_LOCAL_FOOTER_THREADS, len(paths)))

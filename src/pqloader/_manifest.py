@@ -27,6 +27,7 @@ from ._errors import CorruptFileError, DatasetNotFoundError
 from ._int96 import file_schema
 from ._samples import measure, measure_files
 from ._sizes import RowBytes, Sample, has_bytes, row_bytes
+from ._stamps import Stamp, stamp_of
 
 NAME = "_pqloader_manifest.json"
 TMP_PREFIX = f".{NAME}.tmp-"  # its temporary file, renamed into place
@@ -51,6 +52,7 @@ class ManifestFile:
     row_group_rows: tuple[int, ...]
     row_group_bytes: tuple[int, ...]
     row_bytes: RowBytes | None = None  # decoded bytes per row by column (None: version 1)
+    stamp: Stamp | None = None  # a local file's inode and mtime as found when opened
 
 
 @dataclass(frozen=True)
@@ -116,19 +118,20 @@ def read_manifest(root: Path, paths: list[Path]) -> Manifest | None:
         s = os.fspath(p)
         by_name[s[len(prefix):] if s.startswith(prefix) else os.path.relpath(s, root)] = p
     try:
-        found = {name: os.stat(p).st_size for name, p in by_name.items()}
+        stats = {name: os.stat(p) for name, p in by_name.items()}
     except FileNotFoundError as exc:  # was raised bare (found in review)
         raise DatasetNotFoundError(
             f"{exc.filename}: the file went while the dataset was being opened ({exc}); a "
             "write may be replacing the dataset: open it again once it is done") from exc
-    return match_manifest(text, str(file), found, by_name.__getitem__)
+    return match_manifest(text, str(file), {name: st.st_size for name, st in stats.items()},
+                          by_name.__getitem__, {name: stamp_of(st) for name, st in stats.items()})
 
 
-def match_manifest(text: str, where: str, found: dict[str, int],
-                   locate: Any) -> Manifest | None:
+def match_manifest(text: str, where: str, found: dict[str, int], locate: Any,
+                   stamps: dict[str, Stamp] | None = None) -> Manifest | None:
     """The manifest in ``text`` if it lists exactly ``found`` ({relative name: size}), in the
-    order of ``found``; ``locate(name)`` makes each file's path. Else ``None``, with a warning
-    that names ``where``."""
+    order of ``found``; ``locate(name)`` makes each file's path, ``stamps`` (local files)
+    each one's stamp. Else ``None``, with a warning that names ``where``."""
     try:
         body = json.loads(text)
         if not isinstance(body, dict):
@@ -164,7 +167,8 @@ def match_manifest(text: str, where: str, found: dict[str, int],
     return Manifest(
         files=tuple(ManifestFile(locate(name), int(listed[name]["size"]),
                                  tuple(listed[name]["rows"]), tuple(listed[name]["bytes"]),
-                                 listed[name].get("row_bytes"))
+                                 listed[name].get("row_bytes"),
+                                 None if stamps is None else stamps[name])
                     for name in found),
         schema=schema,
     )

@@ -39,6 +39,7 @@ from ._rangefile import RangeFile
 from ._ranges import coalesce
 from ._schema import same_type
 from ._sizes import arrow_of, leaf_count
+from ._stamps import check_unchanged
 from ._threads import executor
 from ._views import plain, unviewed
 from ._widen import fits
@@ -315,6 +316,9 @@ class FragmentReader:
         # the footer too: one read at first use when the dataset was opened from its
         # manifest, and the file may have changed since
         footer = self._footer(file_index)
+        if local:  # replaced since it was opened (what its footer's checks did not tell)
+            entry = d.files[file_index]
+            check_unchanged(entry.path, entry.stamp, entry.size_bytes, _CHANGED)
         source: Any = d.files[file_index].path if local else \
             self._fetch(file_index, int(d.row_group[fragment]))
         # memory_map: a local row group decodes straight from the page cache, its bytes

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +202,38 @@ def test_a_file_replaced_under_its_manifest_with_other_types_is_an_error(
         message = rf"{shard.name} is [0-9,]+ bytes, [0-9,]+ when the dataset was opened"
     with pytest.raises(pqloader.SchemaMismatchError, match=message):
         list(pqloader.DataLoader(ds, batch_size=10, num_workers=0))
+
+
+@pytest.mark.parametrize("manifest", [True, False])
+@pytest.mark.parametrize("how", ["overwritten", "rewritten in place"])
+def test_a_file_replaced_at_the_same_size_after_opening_is_an_error_not_mixed_rows(
+        tmp_path: Path, manifest: bool, how: str) -> None:
+    """Same size, row groups and types: its new rows were read beside the others' old ones
+    without a word (found in review)."""
+    root = tmp_path / "ds"
+    pqloader.write_dataset(pa.table({"a": np.arange(300)}), root, rows_per_file=100,
+                           compression="none")
+    if not manifest:
+        (root / "_pqloader_manifest.json").unlink()
+    ds = pqloader.ParquetDataset(root)
+    assert ds.__getitems__([0]) == [{"a": 0}]  # a file read before, and others not yet
+    shard = sorted(root.glob("part-*.parquet"))[1]
+    size = shard.stat().st_size
+    new = pa.table({"a": np.arange(10_000, 10_300)})
+    if how == "overwritten":  # new files renamed into place
+        pqloader.write_dataset(new, root, rows_per_file=100, compression="none",
+                               overwrite=True)
+    else:  # the same file (inode), its bytes written over
+        pqloader.write_dataset(new, tmp_path / "new", rows_per_file=100, compression="none")
+        time.sleep(0.05)  # mtimes move in the kernel's coarse ticks (a few ms)
+        shard.write_bytes((tmp_path / "new" / shard.name).read_bytes())
+    assert shard.stat().st_size == size
+    replaced = r"part-0000[0-2].parquet was replaced or rewritten since the dataset was opened"
+    with pytest.raises(pqloader.SchemaMismatchError, match=replaced):
+        ds.__getitems__(range(300))
+    with pytest.raises(pqloader.SchemaMismatchError, match=replaced):
+        list(pqloader.DataLoader(ds, batch_size=50, num_workers=0))
+    assert len(pqloader.ParquetDataset(root).__getitems__(range(300))) == 300  # opened again
 
 
 def test_a_file_deleted_after_opening_is_not_found(tmp_path: Path) -> None:
