@@ -295,4 +295,3 @@ class Cache:
             shutil.rmtree(self.directory / name, ignore_errors=True)
             freed += size - tree_bytes(self.directory / name)  # what a writer kept, if any
         return freed
-
