@@ -207,11 +207,14 @@ def _write_into(root: Path, data: Any, *, overwrite: bool, rows_per_file: int,
 
 def _mark(marker: Path) -> None:
     """Write the marker, or none: one left half-written by a full disk before any file was
-    swapped made the old dataset, whole, an error to open (found in review)."""
+    swapped made the old dataset, whole, an error to open (found in review). One an earlier
+    failed write left stays (its staged files may be the only copy of the new dataset)."""
+    there = marker.exists()
     try:
         marker.write_text(_MARKER_TEXT)
     except BaseException:
-        marker.unlink(missing_ok=True)
+        if not there:
+            marker.unlink(missing_ok=True)
         raise
 
 

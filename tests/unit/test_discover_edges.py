@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -234,6 +238,29 @@ def test_a_file_replaced_at_the_same_size_after_opening_is_an_error_not_mixed_ro
     with pytest.raises(pqloader.SchemaMismatchError, match=replaced):
         list(pqloader.DataLoader(ds, batch_size=50, num_workers=0))
     assert len(pqloader.ParquetDataset(root).__getitems__(range(300))) == 300  # opened again
+
+
+def test_a_dataset_unpickled_on_another_machine_is_not_checked_against_its_inodes(
+        tmp_path: Path) -> None:
+    """Sent to a machine that holds its own copy at the same path (broadcast_object_list,
+    Ray), where every inode differs: read there, not refused (found in review)."""
+    root = tmp_path / "ds"
+    pqloader.write_dataset(pa.table({"a": np.arange(300)}), root, rows_per_file=100)
+    blob = pickle.dumps(pqloader.ParquetDataset(root))
+    shutil.copytree(root, tmp_path / "copy", copy_function=shutil.copy2)
+    shutil.rmtree(root)
+    (tmp_path / "copy").rename(root)  # the same bytes and mtimes, other inodes
+    with pytest.raises(pqloader.SchemaMismatchError, match="replaced or rewritten"):
+        pickle.loads(blob)[150]  # this machine: its files were replaced
+    script = ("import pickle, sys\n"
+              "from pqloader import _stamps\n"
+              "_stamps._MACHINE = 'another machine'\n"
+              "ds = pickle.loads(sys.stdin.buffer.read())\n"
+              "print(sum(r['a'] for r in ds.__getitems__(range(300))))\n")
+    done = subprocess.run([sys.executable, "-c", script], input=blob, capture_output=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().strip() == str(sum(range(300)))
 
 
 def test_a_file_deleted_after_opening_is_not_found(tmp_path: Path) -> None:

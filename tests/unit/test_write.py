@@ -726,6 +726,23 @@ def test_an_overwrite_whose_marker_cannot_be_written_leaves_the_old_dataset_open
     assert len(pqloader.ParquetDataset(tmp_path)) == 10
 
 
+def test_a_marker_an_earlier_failed_write_left_stays_when_the_next_cannot_write_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pqloader.write_dataset(_table(10), tmp_path)
+    (tmp_path / "_pqloader_incomplete").write_text("an earlier write failed here")
+    real = Path.write_text
+
+    def refused(self: Path, *args: Any, **kwargs: Any) -> int:
+        if self.name == "_pqloader_incomplete":
+            raise PermissionError(13, "Permission denied")  # another user's marker
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", refused)
+    with pytest.raises(PermissionError):
+        pqloader.write_dataset(_table(100), tmp_path, overwrite=True)
+    assert (tmp_path / "_pqloader_incomplete").read_text() == "an earlier write failed here"
+
+
 def test_a_file_gone_while_the_manifest_is_read_is_a_dataset_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pqloader import _discover
