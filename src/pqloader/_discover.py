@@ -126,6 +126,11 @@ def discover(source: object, columns: Sequence[str] | None = None, *, filter: An
 
 def _open_local(source: object) -> tuple[list[FileEntry], list[tuple[str, pa.Schema]], Groups]:
     paths, root = expand_source(source)
+    # absolute: a dataset opened by a relative path read nothing once the working folder
+    # changed (os.chdir, some launchers do), found in review
+    paths = [p if p.is_absolute() else p.absolute() for p in paths]
+    if root is not None and not root.is_absolute():
+        root = root.absolute()
     manifest = read_manifest(root, paths) if root is not None else None
     groups: Groups
     if manifest is not None:

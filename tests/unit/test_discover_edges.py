@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -261,6 +262,18 @@ def test_a_dataset_unpickled_on_another_machine_is_not_checked_against_its_inode
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert done.stdout.decode().strip() == str(sum(range(300)))
+
+
+@pytest.mark.parametrize("source", ["ds", "ds/*.parquet", ["ds/part-00000.parquet",
+                                                          "ds/part-00001.parquet"]])
+def test_a_dataset_opened_by_a_relative_path_reads_after_the_working_folder_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    pqloader.write_dataset(pa.table({"a": np.arange(100)}), "ds", rows_per_file=50)
+    ds = pqloader.ParquetDataset(source)
+    monkeypatch.chdir("/")  # as some launchers do after the dataset is opened
+    assert [r["a"] for r in ds.__getitems__(range(100))] == list(range(100))
+    assert sum(len(b["a"]) for b in pqloader.DataLoader(ds, batch_size=10)) == 100
 
 
 def test_a_file_deleted_after_opening_is_not_found(tmp_path: Path) -> None:
