@@ -412,7 +412,8 @@ def _main(argv: list[str] | None) -> int:
     except BrokenPipeError:  # `pqloader inspect ... | head` closed the pipe: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 1
-    except (pqloader.PQLoaderError, OSError, pa.ArrowException) as exc:
+    except (pqloader.PQLoaderError, OSError, pa.ArrowException, ImportError) as exc:
+        # (ImportError: a URL whose filesystem is not installed, or no such scheme)
         print(f"pqloader: {_in_cli_words(str(exc), args)}", file=sys.stderr)
         for note in getattr(exc, "__notes__", ()):  # where: the file and row group at fault
             print(f"  {_in_cli_words(note, args)}", file=sys.stderr)

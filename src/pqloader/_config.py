@@ -15,6 +15,7 @@ from ._memory import window_bytes
 from ._world import World
 
 WorkerType = Literal["thread", "process"]
+MAX_WORKERS = 1024  # num_workers, at most
 MAX_AUTO_WORKERS = 8  # num_workers="auto": threads and windows read ahead, one per core, at most
 DEFAULT_WINDOW_BYTES = 64 * 2**20  # per worker: the shuffle quality / memory knob's default
 # timeout= counts from when the workers have started (processes imported their modules, each
@@ -107,6 +108,10 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         check_positive("num_workers", self.num_workers, allow_zero=True)
+        if self.num_workers > MAX_WORKERS:  # 100,000 made threads for minutes (found in review)
+            raise InvalidArgumentError(
+                f"num_workers={self.num_workers:,}: at most {MAX_WORKERS:,}; a worker a core "
+                f"or two is plenty (this machine has {os.cpu_count()}), or num_workers='auto'")
         check_positive("prefetch_factor", self.prefetch_factor)
         for name in ("pin_memory", "persistent_workers"):
             object.__setattr__(self, name, flag(name, getattr(self, name)))

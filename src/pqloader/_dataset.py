@@ -16,7 +16,7 @@ import pyarrow as pa
 from ._cache import Cache
 from ._discover import Discovery, discover, read_footers
 from ._errors import CorruptFileError, DataError, InvalidArgumentError, bad_text
-from ._fs import make_store
+from ._fs import lower_scheme, make_store
 from ._kept import count_kept
 from ._measure import measure_strings
 from ._read import FragmentReader
@@ -118,6 +118,7 @@ class ParquetDataset:
                  retry: RetryPolicy | None = None) -> None:
         if isinstance(columns, str):
             raise InvalidArgumentError(f"columns must be a list of names, got {columns!r}")
+        source = lower_scheme(source)
         store = make_store(source, storage_options, filesystem, retry)
         if cache is not None and not isinstance(cache, Cache):
             cache = Cache(cache)

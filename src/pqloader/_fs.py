@@ -57,6 +57,17 @@ def split_url(source: str) -> tuple[str, str]:
     return protocol.lower(), rest
 
 
+def lower_scheme(source: Any) -> Any:
+    """A URL's scheme in lower case, as fsspec knows it (schemes are case-insensitive: ``S3://b``
+    was read as a bucket named ``S3:``, found in review); lists too; anything else as given."""
+    if isinstance(source, (list, tuple)):
+        return type(source)(lower_scheme(s) for s in source)
+    if isinstance(source, str) and (cut := source.find("://")) > 0 \
+            and not source[:cut].islower() and source[:cut].isalnum():
+        return source[:cut].lower() + source[cut:]
+    return source
+
+
 def is_remote(source: object) -> bool:
     """True for a URL that is not ``file://``."""
     return isinstance(source, str) and "://" in source and not source.startswith("file://")

@@ -119,7 +119,8 @@ def _wind_down() -> None:
 
 def _join(threads: list[threading.Thread], deadline: float) -> None:
     for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.ident is not None:  # one tracked but not started (interrupted): no join
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class DaemonPool:

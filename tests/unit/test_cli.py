@@ -15,6 +15,7 @@ import pytest
 
 import pqloader
 from pqloader._cli import main
+from pqloader._fs import lower_scheme
 from pqloader._inspect import human_bytes
 
 ROWS = 1000  # make_dataset(ROWS, rows_per_file=300, row_group_size=100): 4 files, 10 row groups
@@ -113,6 +114,27 @@ def test_inspect_unknown_column_fails_naming_it(make_dataset, capsys) -> None:
     code, _, err = run(capsys, "inspect", make_dataset(100), "--columns", "nope")
     assert code == 1
     assert err.startswith("pqloader: ") and "'nope'" in err
+
+
+def test_a_url_of_no_known_scheme_is_one_line_not_a_traceback(capsys) -> None:
+    assert main(["inspect", "foo://bucket/data"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pqloader: reading foo:// needs an fsspec filesystem")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_url_scheme_in_capitals_is_the_scheme(make_dataset, capsys) -> None:
+    path = make_dataset(100)
+    assert main(["inspect", f"FILE://{path}"]) == 0
+    assert "100" in capsys.readouterr().out
+    assert lower_scheme(["S3://b/k", "data/a://b", "https://H/P"]) == [
+        "s3://b/k", "data/a://b", "https://H/P"]  # (the path as given)
+
+
+def test_bench_refuses_a_number_of_workers_no_machine_has(make_dataset, capsys) -> None:
+    """100,000 made threads for minutes, then failed at exit (found in review)."""
+    assert main(["bench", str(make_dataset(100)), "--num-workers", "100000"]) == 1
+    assert "num_workers=100,000: at most 1,024" in capsys.readouterr().err
 
 
 def test_inspect_missing_path_fails_naming_it(tmp_path, capsys) -> None:
@@ -600,6 +622,7 @@ def test_opening_inspecting_and_writing_do_not_import_torch(tmp_path: Path) -> N
     code = f"""
 import sys, pyarrow as pa, pqloader
 from pqloader._cli import main
+from pqloader._fs import lower_scheme
 pqloader.write_dataset(pa.table({{"x": list(range(10)), "s": ["a"] * 10}}), {str(tmp_path)!r})
 ds = pqloader.ParquetDataset({str(tmp_path)!r}, filter=[("x", ">", 2)])
 assert ds[0]["x"] == 3 and len(ds.__getitems__([0, 1])) == 2 and len(ds) == 7
