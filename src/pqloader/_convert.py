@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import itertools
 import json
+import os
 import re
 import warnings
 from collections.abc import Iterator
@@ -143,8 +144,36 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
         raise CommandFailure(problem)
     rows: Iterator[pa.RecordBatch] = itertools.chain([first], batches)
     if fmt == "csv":
-        rows = _unpadded(rows, source, schema, types, encoding, delimiter)
+        rows = _closed(_unpadded(rows, source, schema, types, encoding, delimiter), source,
+                       encoding)
     return schema, rows, [source]
+
+
+def _closed(batches: Iterator[pa.RecordBatch], source: str, encoding: str | None
+            ) -> Iterator[pa.RecordBatch]:
+    """``batches``, refused at their end when the last value runs from a quote never closed
+    to the end of the file: pyarrow reads it so (values may hold newlines), and the rows
+    after it were written inside it, silently (found in review). An unclosed quote in
+    another column leaves its row short of fields, which pyarrow refuses itself."""
+    last = None
+    for batch in batches:
+        last = batch if batch.num_rows else last
+        yield batch
+    if last is None or not last.num_columns:
+        return
+    value = last.column(last.num_columns - 1)[last.num_rows - 1].as_py()
+    if not (isinstance(value, str) and ("\n" in value or "\r" in value)):
+        return
+    with open(source, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
+        tail = f.read().decode(encoding or "utf8", errors="ignore").rstrip("\r\n\x00")
+    if not tail.endswith('"'):
+        name = last.schema.names[-1]
+        raise CommandFailure(
+            f"{source}: the last row's {name!r} runs from a quote to the end of the file, "
+            f"across {value.count(chr(10)):,} line(s): a quote opened there is never closed, "
+            "and the rows after it would be written inside it. Close it (a quote inside a "
+            'quoted value is written "")')
 
 
 def text_encoding(encoding: str | None, fmt: str) -> None:

@@ -161,6 +161,21 @@ def test_write_csv_round_trip(tmp_path, capsys) -> None:
     assert all_rows(dst) == expected_rows(500)
 
 
+def test_write_refuses_a_csv_whose_last_quote_is_never_closed(tmp_path, capsys) -> None:
+    """pyarrow read the rest of the file into that value: rows written inside it, silently
+    (found in review)."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text('a,b\n1,"unterminated\n2,x\n3,y\n')
+    code, _, err = run(capsys, "write", bad, tmp_path / "out")
+    assert code == 1 and "never closed" in err and "'b'" in err
+    assert not (tmp_path / "out").exists()
+    good = tmp_path / "good.csv"  # values across lines, quoted and closed, the last one too
+    good.write_text('a,b\n1,"two\nlines"\n2,"and\nthese"\n')
+    assert run(capsys, "write", good, tmp_path / "out")[0] == 0
+    assert all_rows(tmp_path / "out") == [{"a": 1, "b": "two\nlines"},
+                                          {"a": 2, "b": "and\nthese"}]
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".ndjson", ".json"])
 def test_write_json_lines_round_trip(tmp_path, capsys, suffix) -> None:
     src, dst = tmp_path / f"in{suffix}", tmp_path / "out"
