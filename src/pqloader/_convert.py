@@ -166,7 +166,7 @@ def _closed(batches: Iterator[pa.RecordBatch], source: str, encoding: str | None
         return
     with open(source, "rb") as f:
         f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
-        tail = f.read().decode(encoding or "utf8", errors="ignore").rstrip("\r\n\x00")
+        tail = f.read().decode(encoding or "utf8", errors="ignore").rstrip("\r\n\x00 \t")
     if not tail.endswith('"'):
         name = last.schema.names[-1]
         raise CommandFailure(
