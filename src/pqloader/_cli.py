@@ -145,8 +145,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                    batch_size=args.batch_size, shuffle=not args.no_shuffle, seed=args.seed,
                    num_workers=args.num_workers, worker_type=args.worker_type,
                    device=args.device)
-    if args.json:
-        print(json.dumps(result.as_dict()))
+    if args.json:  # with the settings the text shows (they were left out: found in review)
+        print(json.dumps({**result.as_dict(), "batch_size": args.batch_size,
+                          "num_workers": args.num_workers, "worker_type": args.worker_type,
+                          "shuffle": not args.no_shuffle, "device": args.device}))
     else:
         epochs = f" over {result.epochs} epochs" if result.epochs > 1 else ""
         print(f"{result.rows:,} rows in {result.batches:,} batches of {args.batch_size:,}"
@@ -181,8 +183,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     ranked = tune(ds, batch_size=args.batch_size, max_batches=args.max_batches,
                   repeats=args.repeats, settle_s=args.settle_s, trial_s=args.trial_s,
                   shuffle=not args.no_shuffle)
-    if args.json:
-        print(json.dumps([{**settings, **result.as_dict()} for settings, result in ranked]))
+    if args.json:  # the batch size and shuffle of every run (the text's "best:" line has them)
+        print(json.dumps([{**settings, **result.as_dict(), "batch_size": args.batch_size,
+                           "shuffle": not args.no_shuffle} for settings, result in ranked]))
         return 0
     best = ranked[0][1].rows_per_s
     print(f"{'num_workers':>11} {'prefetch':>8} {'rows/s':>12} {'x best':>7} {'first s':>8} "

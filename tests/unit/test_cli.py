@@ -657,6 +657,9 @@ def test_bench_measures_an_epoch(make_dataset, capsys) -> None:
     result = json.loads(out)
     assert (result["rows"], result["batches"], result["epochs"]) == (1000, 10, 1)
     assert result["rows_per_s"] > 0 and result["first_batch_s"] <= result["seconds"]
+    # the settings the text shows (left out before: found in review)
+    assert (result["batch_size"], result["shuffle"], result["device"]) == (100, True, None)
+    assert "num_workers" in result and result["worker_type"] == "thread"
 
 
 def test_bench_batches_of_heavy_rows_default_to_64_mib(tmp_path, capsys) -> None:
@@ -768,6 +771,7 @@ def test_tune_ranks_settings_best_first(make_dataset, capsys) -> None:
     assert code == 0
     ranked = json.loads(out)
     assert {r["num_workers"] for r in ranked} == {0, 1, 2, 3, 4, "auto"}
+    assert all(r["batch_size"] == 100 and r["shuffle"] is True for r in ranked)
     rates = [r["rows_per_s"] for r in ranked]
     assert rates == sorted(rates, reverse=True)
     assert all(r["rows"] >= 500 and r["seconds"] >= 0.3 for r in ranked)  # on past 5 batches
