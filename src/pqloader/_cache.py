@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,12 +155,7 @@ class Cache:
                 self._make_room()
             return False
         if self.max_bytes is not None:
-            try:
-                self._account(written)
-            except FileNotFoundError:  # the folder went meanwhile (deleted by hand)
-                pass
-            except OSError as exc:
-                self._cannot_evict(exc)
+            self._counting(lambda: self._account(written))
         return True
 
     def _cannot_write(self, exc: OSError) -> None:
@@ -169,6 +164,16 @@ class Cache:
             warnings.warn(f"pqloader cache {self.directory} cannot be written ({exc}); "
                           "reading without it. Check the folder's permissions and free "
                           "space, or pass cache=None", RuntimeWarning, stacklevel=3)
+
+    def _counting(self, count: Callable[[], object]) -> None:
+        """Count the disk and evict (``count``), best effort: a folder gone meanwhile (deleted
+        by hand) is no error, one that cannot be scanned or locked is warned of once."""
+        try:
+            count()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self._cannot_evict(exc)
 
     def _cannot_evict(self, exc: OSError) -> None:
         if not self._warned_evict:
@@ -186,12 +191,7 @@ class Cache:
             if now - self._full_at < _FULL_RETRY_S:
                 return
             self._full_at = now
-        try:
-            self.evict()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            self._cannot_evict(exc)
+        self._counting(self.evict)
 
     def _account(self, written: int) -> None:
         """Count a put and evict when over ``max_bytes``. Other processes (workers, other

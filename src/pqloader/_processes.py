@@ -201,7 +201,7 @@ _PRELOAD = ("torch", __name__)  # what a worker imports to unpickle the plan and
 
 def _preload(context: Any) -> None:
     """Workers started by a forkserver (Python 3.14's default on Linux) each imported torch
-    and pqloader: each pass's start took 1.7-4 s here, 0.05-0.1 s once the forkserver had
+    and pqloader: each pass's start took 1.7-4 s here, 0.03-0.12 s once the forkserver had
     them. Asked of it before it starts (once running, it is left as it is), beside what it
     was asked to load already."""
     if context.get_start_method() != "forkserver":

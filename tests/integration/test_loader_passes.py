@@ -618,7 +618,7 @@ if __name__ == "__main__":
 def test_a_forkserver_preloads_torch_and_pqloader_for_the_workers(make_dataset: Any,
                                                                   tmp_path: Path) -> None:
     """Each worker a forkserver started imported torch and pqloader itself: 1.7-4 s each
-    pass's start, against 0.05-0.1 s once the forkserver has them (Python 3.14's default)."""
+    pass's start, against 0.03-0.12 s once the forkserver has them (Python 3.14's default)."""
     script = tmp_path / "forkserver_job.py"
     script.write_text(_FORKSERVER_SCRIPT)
     done = subprocess.run([sys.executable, str(script), str(make_dataset(200))],
