@@ -11,6 +11,7 @@ from ._cache import Buffer, Cache, CorruptCacheEntry
 from ._footers import tail_range
 from ._fs import ObjectInfo, Store
 from ._ranges import Range, coalesce
+from ._versions import cacheable
 
 NO_SPLIT = 1 << 62  # coalesce's part size when ranges are merged only, never cut
 
@@ -32,7 +33,7 @@ def within_tail(tail: pa.Buffer | None, store: Store, cache: Cache | None, obj: 
     if any(a < start or a + length > start + n for a, length in spans):
         return None
     if tail is None:
-        if cache is None or obj.version is None:
+        if cache is None or not cacheable(obj.version):
             return None
         try:
             tail = cache.get(store.url(obj.path), obj.version, start, n)
@@ -54,7 +55,7 @@ def within_whole(store: Store, cache: Cache | None, obj: ObjectInfo, rg: Any,
     Cache entries are keyed by their exact range, so without this a second job reading some of
     the columns fetched again what the cache already held.
     """
-    if cache is None or obj.version is None:
+    if cache is None or not cacheable(obj.version):
         return None
     every = coalesce([chunk_range(rg.column(i), obj.size) for i in range(rg.num_columns)],
                      store.retry.hole_bytes, part=NO_SPLIT)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from ._cache import Buffer, Cache, CorruptCacheEntry
 from ._fs import Store
 from ._ranges import Range
+from ._versions import cacheable
 
 
 def cached_ranges(store: Store, cache: Cache | None, path: str, version: str | None,
@@ -19,7 +20,8 @@ def cached_ranges(store: Store, cache: Cache | None, path: str, version: str | N
     it, so it is never joined in memory (nor held twice); if it is gone again already (evicted
     by another process, or a cache smaller than it), the pieces are joined instead.
     """
-    if cache is None or version is None:  # no version (no ETag, no mtime): never stale
+    if cache is None or not cacheable(version):  # no version (no ETag, no mtime), or
+        # one that the next rewrite may keep: never cached, never stale
         return dict(store.read_ranges(path, ranges, version))
     url = store.url(path)
     found: dict[Range, Buffer] = {}

@@ -43,6 +43,7 @@ from ._retry import (
 )
 from ._signed import has_secret
 from ._threads import executor
+from ._versions import same_version, version_of
 
 # Extras that provide each protocol, for the install hint when one is missing.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
@@ -319,7 +320,7 @@ class Store:
             info = with_timeout(lambda: fs.info(path), self.retry.timeout_s)
         except Exception:  # one look only: the read's own retries and error say the rest
             return False
-        return _object_info(info).version != version
+        return not same_version(_object_info(info).version, version)
 
     def _call(self, fn: Callable[[], Any], path: str, *, expect: int | None = None,
               count: bool = False, timeout_s: float | None = None,
@@ -379,13 +380,6 @@ def _hint(protocol: str) -> str:
     return f"reading {protocol}:// needs an fsspec filesystem for it: {pkg}"
 
 
-# What tells one version of an object from the next, best first: S3's ETag, GCS's generation,
-# Azure's etag, fsspec HTTP's headers (ETag, Content-MD5, Digest, Last-Modified), mtimes.
-_VERSION_KEYS = ("ETag", "etag", "generation", "version_id", "VersionId", "md5Hash",
-                 "Content-MD5", "Digest", "mtime", "LastModified", "last_modified",
-                 "Last-Modified", "created")
-
-
 def _no_markers(objects: list[ObjectInfo], root: str = "") -> list[ObjectInfo]:
     """``objects`` less the empty objects that stand for folders: S3's ``x/`` (the console's
     "Create folder"; s3fs lists it as ``x``) and Hadoop's ``x_$folder$``. A dataset with one
@@ -399,16 +393,7 @@ def _no_markers(objects: list[ObjectInfo], root: str = "") -> list[ObjectInfo]:
 
 
 def _object_info(info: dict[str, Any]) -> ObjectInfo:
-    """An fsspec ``info`` dict as an :class:`ObjectInfo`. The version also carries the size,
-    so an object rewritten within its timestamp's resolution (HTTP's Last-Modified is to the
-    second) at another size is still a new version; with no version key at all it is
-    ``None``, and such an object is never cached (see ``cached_ranges``)."""
+    """An fsspec ``info`` dict as an :class:`ObjectInfo` (its version: ``_versions.py``)."""
     name = str(info.get("name") or info.get("Key") or "")
     size = int(info.get("size") or info.get("Size") or 0)
-    version = None
-    for key in _VERSION_KEYS:
-        value = info.get(key)
-        if value not in (None, ""):
-            version = f"{key}={value};size={size}"
-            break
-    return ObjectInfo(name, size, version)
+    return ObjectInfo(name, size, version_of(info, size))
