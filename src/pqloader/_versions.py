@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-# A Last-Modified this recent (the second it is rounded down to, and 2 s for the server's
-# clock ahead of this machine's) may still be that of the next rewrite.
+# A Last-Modified this recent (the second it is rounded down to, and 2 s for a server's clock
+# behind this machine's; one further behind makes a new object look older: cached, as before)
+# may still be that of the next rewrite. (fsspec's info has no Date header to compare with.)
 RACY_S = 3.0
 _RACY = ";racy"
 # An ETag that is a digest of the content (S3's MD5, also of a multipart upload): 32 hex digits
@@ -51,10 +53,13 @@ def _recent(last_modified: Any) -> bool:
     if not isinstance(last_modified, str):
         return False
     try:
-        modified = parsedate_to_datetime(last_modified).timestamp()
+        when = parsedate_to_datetime(last_modified)
     except (TypeError, ValueError, IndexError, OverflowError):
         return False  # (a date that does not parse: the version is the ETag's alone)
-    return modified > time.time() - RACY_S
+    if when.tzinfo is None:  # asctime's format names no zone: HTTP dates are all in GMT (a
+        when = when.replace(tzinfo=timezone.utc)  # naive one was read as local time: found
+        # in review, 9 h old in Tokyo, so cached)
+    return when.timestamp() > time.time() - RACY_S
 
 
 def cacheable(version: str | None) -> bool:

@@ -11,13 +11,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 import pqloader
 from pqloader._backends import _strong_etag
 from pqloader._versions import cacheable, same_version, version_of
 
 
-def test_a_version_modified_within_the_last_seconds_is_not_cacheable() -> None:
+def test_a_version_modified_within_the_last_seconds_is_not_cacheable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     now = time.time()
     old = {"ETag": '"5f-10"', "Last-Modified": formatdate(now - 60, usegmt=True)}
     new = {"ETag": '"5f-10"', "Last-Modified": formatdate(now, usegmt=True)}
@@ -28,6 +30,15 @@ def test_a_version_modified_within_the_last_seconds_is_not_cacheable() -> None:
     assert not same_version(racy, 'ETag="60-10";size=16') and not same_version(racy, None)
     assert same_version(None, None) and not cacheable(None)
     assert _strong_etag(racy) == '"5f-10"'  # still asked for by If-Match
+    asctime = time.strftime("%a %b %d %H:%M:%S %Y", time.gmtime(now))  # GMT, zone unnamed
+    for zone in ("Asia/Tokyo", "America/New_York", "UTC"):  # was read as local time
+        monkeypatch.setenv("TZ", zone)
+        time.tzset()
+        assert not cacheable(version_of({"ETag": '"1a-2b"', "Last-Modified": asctime}, 1))
+        assert cacheable(version_of({"ETag": '"1a-2b"', "Last-Modified": time.strftime(
+            "%a %b %d %H:%M:%S %Y", time.gmtime(now - 60))}, 1))
+    monkeypatch.undo()  # (TZ as it was, then read again)
+    time.tzset()
     ahead = {"Last-Modified": formatdate(now + 3600, usegmt=True)}  # a server clock ahead
     assert not cacheable(version_of(ahead, 16))
     for odd in ("yesterday", "", None, 12):  # a date that does not parse: the ETag alone
