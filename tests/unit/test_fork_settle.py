@@ -83,7 +83,8 @@ def test_a_fork_waits_for_a_pqloader_thread_still_leaving_the_os(
         how: str, slow_exit: Callable[[float], None], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_forks, "FORK_WAIT_S", 10.0)
     tid = _ended_thread(how, lambda: slow_exit(0.3))
-    assert _present(tid), "joined in Python, still running its exit in the OS"
+    if not _present(tid):  # Python 3.13's join waits for the OS thread (pthread_join)
+        pytest.skip("this Python's join returns once the thread has left the OS")
     _fork()
     assert not _present(tid), "the fork was taken while the thread was still leaving"
 
@@ -92,6 +93,8 @@ def test_a_fork_waits_for_a_stuck_exit_only_as_long_as_its_bound_and_once(
         slow_exit: Callable[[float], None], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_forks, "FORK_WAIT_S", 0.05)
     tid = _ended_thread("thread", lambda: slow_exit(1.0))
+    if not _present(tid):  # Python 3.13's join waits for the OS thread (pthread_join)
+        pytest.skip("this Python's join returns once the thread has left the OS")
     _fork()
     assert _present(tid), "the fork waited past its bound"
     assert tid not in _forks._ours, "the next fork would wait for it again"
