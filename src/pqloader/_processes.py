@@ -14,6 +14,7 @@ import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import pickle
+import signal
 import threading
 import time
 import traceback
@@ -97,6 +98,11 @@ class ProcessDelivery:
                         batch = next(it)
                     except StopIteration:
                         return
+                    except (EOFError, ConnectionError) as exc:
+                        died = _died(it)
+                        if died is None:
+                            raise
+                        raise died from exc
                 yield receive(batch)
         except _Superseded:
             raise InvalidArgumentError(
@@ -263,6 +269,33 @@ def _await_start(it: Any, up: Any, workers: int, timeout: float) -> None:
                     f"worker processes had not started within {limit:g} s (importing modules, "
                     "running worker_init_fn); look for a worker_init_fn that does not return"
                 )
+
+
+def _died(it: Any, wait_s: float = 1.0) -> RuntimeError | None:
+    """A worker process that died, told as torch tells it, where a batch it had sent could
+    not be received: its tensors' file descriptors are fetched from the worker, and one
+    killed meanwhile (the OOM killer, say) surfaced as a bare EOFError from multiprocessing
+    (found under Python 3.13). None if every worker is alive after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [w for w in getattr(it, "_workers", ()) if not w.is_alive()]
+        if dead or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    if not dead:
+        return None
+    how = ", ".join(f"pid {w.pid}: {_exit(w.exitcode)}" for w in dead)
+    return RuntimeError(f"DataLoader worker exited unexpectedly ({how}) while its batch was "
+                        "being received; if it was killed for memory, lower num_workers or "
+                        "set memory_budget_bytes")
+
+
+def _exit(code: int | None) -> str:
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    with contextlib.suppress(ValueError):
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"killed by signal {-code}"
 
 
 def _shut_down(it: Any, persistent: bool) -> None:

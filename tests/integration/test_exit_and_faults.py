@@ -270,6 +270,38 @@ def test_persistent_worker_processes_start_anew_after_one_is_killed(make_dataset
         del loader
 
 
+def test_a_batch_whose_worker_died_before_it_was_received_names_the_worker() -> None:
+    """A batch's tensors cross as file descriptors fetched from its worker: one killed between
+    sending and the fetch surfaced as multiprocessing's bare EOFError (under Python 3.13, in
+    the test above); it is told as torch tells a worker that died."""
+    import multiprocessing
+    import os
+    import re
+    import signal
+    from types import SimpleNamespace
+
+    from pqloader._processes import _died
+
+    context = multiprocessing.get_context("fork")
+    alive, dead = (context.Process(target=time.sleep, args=(60,)) for _ in range(2))
+    alive.start()
+    dead.start()
+    try:
+        os.kill(dead.pid, signal.SIGKILL)
+
+        iterator = SimpleNamespace(_workers=[alive, dead])  # torch's, as _died looks at it
+        told = _died(iterator)
+        assert isinstance(told, RuntimeError)
+        assert re.search(rf"DataLoader worker exited unexpectedly \(pid {dead.pid}: killed by "
+                         r"signal SIGKILL\) while its batch was being received", str(told))
+        iterator._workers = [alive]
+        assert _died(iterator, wait_s=0.1) is None  # the error raised as it came
+    finally:
+        for process in (alive, dead):
+            process.kill()
+            process.join()
+
+
 @pytest.mark.parametrize("context", [None, "fork"])
 def test_forked_worker_processes_leave_no_named_semaphore(
         make_dataset: Any, monkeypatch: pytest.MonkeyPatch, context: str | None) -> None:
