@@ -116,6 +116,8 @@ def looser(a: pa.DataType, b: pa.DataType) -> pa.DataType:
     one is large (``large_string`` for ``string``)."""
     if pa.types.is_null(a):
         return b
+    if pa.types.is_null(b):  # (beside a dictionary, a file typed null first or last made it a
+        return a  # dictionary or plain values: found by fuzzing)
     if pa.types.is_dictionary(a) or pa.types.is_dictionary(b):
         values = looser(_values(a), _values(b))
         if not (pa.types.is_dictionary(a) and pa.types.is_dictionary(b)):

@@ -236,6 +236,24 @@ def test_a_column_typed_null_in_some_files_takes_the_others_type(tmp_path: Path)
     assert [kept[i]["id"] for i in range(len(kept))] == [1, 2]
 
 
+@pytest.mark.parametrize("null_first", [True, False])
+def test_a_dictionary_column_typed_null_in_another_file_stays_a_dictionary(
+        tmp_path: Path, null_first: bool) -> None:
+    """Whatever the files' order: with the null file last it was read as plain strings."""
+    categories = pa.array(["p", "q"]).dictionary_encode()
+    tags = pa.array([["p"], ["q", "p"]], pa.list_(pa.dictionary(pa.int32(), pa.string())))
+    first, last = ("a", "b") if null_first else ("b", "a")
+    pq.write_table(pa.table({"x": pa.nulls(2), "t": pa.array([None, []], pa.list_(
+        pa.null()))}), tmp_path / f"{first}.parquet")
+    pq.write_table(pa.table({"x": categories, "t": tags}), tmp_path / f"{last}.parquet")
+    ds = pqloader.ParquetDataset(tmp_path)
+    assert ds.columns == {"x": categories.type, "t": tags.type}
+    (batch,) = pqloader.DataLoader(ds, batch_size=4, collate_fn=lambda b: b)
+    assert batch.schema.field("x").type == categories.type
+    values = [None, None, "p", "q"] if null_first else ["p", "q", None, None]
+    assert batch.column("x").to_pylist() == values
+
+
 def test_a_type_clash_names_the_file_that_typed_the_column(tmp_path: Path) -> None:
     _typed_null_in_some_files(tmp_path)
     pq.write_table(pa.table({"id": [5], "text": [7], "x": [1.0], "tags": [[1]]}),
