@@ -8,18 +8,18 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
 import pqloader
 
 from ._guesses import guess_problem, rounding_problem
+from ._texts import TextProblem, Zones, alongside, padded
 
 FORMATS = ("csv", "jsonl", "parquet")
 CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
@@ -146,6 +146,8 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
     if fmt == "csv":
         rows = _closed(_unpadded(rows, source, schema, types, encoding, delimiter), source,
                        encoding)
+    else:
+        schema, rows = _zoned(rows, source, schema, types)
     return schema, rows, [source]
 
 
@@ -207,48 +209,54 @@ def _open_csv(source: str, types: dict[str, pa.DataType], encoding: str | None,
 def _unpadded(batches: Iterator[pa.RecordBatch], source: str, schema: pa.Schema,
               types: dict[str, pa.DataType], encoding: str | None,
               delimiter: str | None) -> Iterator[pa.RecordBatch]:
-    """``batches``, refused at the first text with leading zeros in a column guessed integer
-    (zip codes, phone numbers, padded ids: "01234" became 1234): those columns read again as
-    text, alongside. The first block is checked before any row is written; one past it was
-    written as it came, unchecked."""
+    """``batches``, refused at the first text with leading zeros or a hexadecimal number in a
+    column guessed integer (zip codes, phone numbers, padded ids: "01234" became 1234):
+    those columns read again as text, alongside (``_texts.py``)."""
     guessed = [f.name for f in schema if pa.types.is_integer(f.type) and f.name not in types]
     if not guessed:
         return batches
     text = iter(_open_csv(source, dict.fromkeys(guessed, pa.string()), encoding, delimiter,
                           guessed))
-    checked = [0]  # rows of text checked
+    return alongside(batches, text, _failing(
+        lambda block, first: padded(block, first, source, schema, guessed)))
 
-    def check(upto: int) -> None:
-        while checked[0] < upto and (block := next(text, None)) is not None:
-            if problem := _zeros(block, checked[0], source, schema, guessed):
-                raise CommandFailure(problem)
-            checked[0] += block.num_rows
 
-    check(1)  # the first block, before writing
+def _zoned(batches: Iterator[pa.RecordBatch], source: str, schema: pa.Schema,
+           types: dict[str, pa.DataType]) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """JSON Lines: ``batches`` and their schema, each column guessed timestamp in UTC if its
+    times name a zone offset (pyarrow dropped the zone), refused where some do and some do
+    not (``_texts.Zones``)."""
+    guessed = [f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.tz is None
+               and f.name not in types]
+    if not guessed:
+        return schema, batches
+    zones = Zones(source, guessed)
+    text = iter(_open_json(source, {**types, **dict.fromkeys(guessed, pa.string())}))
+    checked = alongside(batches, text, _failing(zones.check))  # (the first block: now)
+    utc = zones.schema(schema)
 
     def gen() -> Iterator[pa.RecordBatch]:
-        given = 0
-        for batch in batches:
-            given += batch.num_rows
-            check(given)
-            yield batch
+        for batch in checked:
+            if late := [n for n in guessed if zones.zoned.get(n) and
+                        utc.field(n).type.tz is None]:
+                raise CommandFailure(
+                    f"{source}: column {late[0]!r} was guessed a timestamp without a zone, "
+                    "and its first time, past the first block, names a zone offset; pass "
+                    f"--column-type {late[0]}=string to keep the text")
+            yield pa.RecordBatch.from_arrays(  # (the reader's batches: its schema's names)
+                [c.cast(f.type) for c, f in zip(batch.columns, utc, strict=True)], schema=utc)
 
-    return gen()
+    return utc, gen()
 
 
-def _zeros(block: pa.RecordBatch, first_row: int, source: str, schema: pa.Schema,
-           guessed: list[str]) -> str | None:
-    """What is wrong with text of ``block`` (rows from ``first_row``) with leading zeros."""
-    for name in guessed:
-        padded = pc.match_substring_regex(block.column(name), r"^\s*[+-]?0[0-9]")
-        if pc.any(padded).as_py():
-            row = pc.index(padded, True).as_py()
-            return (f"{source}: column {name!r} was guessed {schema.field(name).type}, and its "
-                    f"row {first_row + row + 1:,} (from 1, after any header) is "
-                    f"{block.column(name)[row].as_py()!r}: an integer drops its leading zero. "
-                    f"Pass --column-type {name}=string to keep the text (zip codes, phone "
-                    f"numbers, ids), or --column-type {name}=int64 if it is a number")
-    return None
+def _failing(check: Callable[[pa.RecordBatch, int], None]
+             ) -> Callable[[pa.RecordBatch, int], None]:
+    def run(block: pa.RecordBatch, first_row: int) -> None:
+        try:
+            check(block, first_row)
+        except TextProblem as exc:
+            raise CommandFailure(str(exc)) from None
+    return run
 
 
 def _open_json(source: str, types: dict[str, pa.DataType]) -> Any:

@@ -15,10 +15,11 @@ from ._schema import holds
 
 # Types pyarrow guesses from mixed Python values by changing some: a datetime among dates
 # loses its time of day, a naive one among aware ones is taken for UTC (and the reverse drops
-# the zone), a str among bytes becomes bytes, an int among timedeltas microseconds. (It
-# refuses an int past 2**53 among floats itself.)
+# the zone), a str among bytes becomes bytes, an int among timedeltas microseconds, a bool
+# among floats 1.0 (found by fuzzing; among ints it refuses them, and an int past 2**53 among
+# floats, itself).
 _GUESSED = (pa.types.is_date, pa.types.is_timestamp, pa.types.is_time, pa.types.is_duration,
-            pa.types.is_binary, pa.types.is_large_binary)
+            pa.types.is_binary, pa.types.is_large_binary, pa.types.is_floating)
 
 
 def is_guessed(t: pa.DataType) -> bool:

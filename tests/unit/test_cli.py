@@ -944,6 +944,49 @@ def test_write_refuses_leading_zeros_an_integer_would_drop(tmp_path: Path, capsy
     assert code == 0 and all_rows(tmp_path / "n")[1]["zip"] == 1234  # asked for
 
 
+def test_write_refuses_hexadecimal_text_an_integer_would_read(tmp_path: Path, capsys) -> None:
+    """pyarrow reads "0x00FF00" as 65280 in a column it guesses integer (found by fuzzing)."""
+    src = tmp_path / "items.csv"
+    src.write_text("sku,color\nA1,0x00FF00\nB2,0XFF0000\n")
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1 and "column 'color' was guessed int64, and its row 1" in err, err
+    assert "'0x00FF00': an integer is read as a hexadecimal number" in err
+    assert not (tmp_path / "out").exists()
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress",
+                       "--column-type", "color=string")
+    assert code == 0 and all_rows(tmp_path / "out")[1] == {"sku": "B2", "color": "0XFF0000"}
+
+
+def test_write_jsonl_times_with_a_zone_offset_stay_instants_in_utc(tmp_path: Path,
+                                                                   capsys) -> None:
+    """pyarrow's JSON reader turned them into UTC and dropped the zone: 09:00+02:00 read as
+    07:00 of no zone, beside times without an offset read as written (found by fuzzing)."""
+    import datetime as dt
+
+    zoned = tmp_path / "zoned.jsonl"
+    zoned.write_text('{"id": 1, "t": "2024-03-10T09:00:00+02:00"}\n'
+                     '{"id": 2, "t": null}\n{"id": 3, "t": "2024-03-10T09:00:00Z"}\n')
+    code, _, err = run(capsys, "write", zoned, tmp_path / "z", "--no-progress")
+    assert code == 0, err
+    utc = dt.timezone.utc
+    assert [r["t"] for r in pq.read_table(tmp_path / "z").to_pylist()] == [
+        dt.datetime(2024, 3, 10, 7, tzinfo=utc), None, dt.datetime(2024, 3, 10, 9, tzinfo=utc)]
+    naive = tmp_path / "naive.jsonl"
+    naive.write_text('{"id": 1, "t": "2024-03-10T09:00:00"}\n')
+    code, _, err = run(capsys, "write", naive, tmp_path / "n", "--no-progress")
+    assert code == 0 and pq.read_table(tmp_path / "n").column("t").type.tz is None
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"id": 1, "t": "2024-03-10T09:00:00"}\n'
+                     '{"id": 2, "t": "2024-03-10T09:00:00-05:00"}\n')
+    code, _, err = run(capsys, "write", mixed, tmp_path / "m", "--no-progress")
+    assert code == 1 and "column 't' was guessed a timestamp; its row 1" in err, err
+    assert "without a zone offset, and row 2 is '2024-03-10T09:00:00-05:00'" in err
+    assert not (tmp_path / "m").exists()
+    code, _, err = run(capsys, "write", mixed, tmp_path / "m", "--no-progress",
+                       "--column-type", "t=string")
+    assert code == 0 and all_rows(tmp_path / "m")[1]["t"] == "2024-03-10T09:00:00-05:00"
+
+
 def test_write_refuses_a_csv_header_naming_a_column_twice(tmp_path: Path, capsys) -> None:
     """It failed with a KeyError's traceback."""
     src = tmp_path / "dup.csv"

@@ -458,6 +458,23 @@ def test_dict_rows_whose_values_pyarrow_changes_alone_are_refused(tmp_path: Path
         pqloader.write_dataset([{"a": value}, {"a": value}], tmp_path / "out")
 
 
+@pytest.mark.parametrize("rows", [
+    pytest.param([{"a": 0.5}, {"a": True}], id="flat"),
+    pytest.param([{"a": [0.5, 1.0]}, {"a": [True, 2.0]}], id="in-a-list"),
+    pytest.param([{"a": {"b": 0.5}}, {"a": {"b": False}}], id="in-a-struct"),
+    pytest.param(pd.DataFrame({"a": pd.Series([0.5, False], dtype=object)}), id="pandas"),
+])
+def test_a_bool_among_floats_is_refused_not_written_as_one(tmp_path: Path, rows: Any) -> None:
+    """pyarrow refuses a bool among ints, but writes one among floats as 1.0 (found by
+    fuzzing the writer)."""
+    with pytest.raises(pqloader.DataError, match=r"column 'a'.* as (double|list|struct).*, "
+                       "changing some"):
+        pqloader.write_dataset(rows, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    pqloader.write_dataset([{"a": 1}, {"a": 2.5}, {"a": None}], tmp_path / "ok")  # ints: kept
+    assert pq.read_table(tmp_path / "ok").column("a").to_pylist() == [1.0, 2.5, None]
+
+
 def test_dict_rows_of_one_kind_each_are_written_as_they_are(tmp_path: Path) -> None:
     when = datetime.datetime(2024, 1, 1, 12, 30)
     rows = [{"np": np.datetime64("2024-01-01T12:30:00"), "ts": pd.Timestamp(when),
