@@ -98,7 +98,7 @@ def _dict_batches(first: dict[str, Any], rest: Iterator[Any], chunk_rows: int,
     if schema is None:
         try:
             inferred_head = pa.Table.from_pylist(head)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError) as exc:
             raise DataError(
                 f"the first {len(head)} rows do not make one table{_which(head)}: {exc}; make "
                 "every row's values of a key the same type (ints past int64: give a schema= "
@@ -146,14 +146,16 @@ def _convert(chunk: list[dict[str, Any]], schema: pa.Schema, done: int,
     does; the first rows' types take them only as they are."""
     try:  # every column inferred at once; one that fails is found and named below
         inferred = pa.Table.from_struct_array(pa.array(chunk))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError,
+            ValueError):
         inferred = None  # (uuid.UUID values: no struct of extension types)
     columns = []
     for field in schema:
         try:
             columns.append(_column(chunk, field, inferred, asked=asked))
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
-                OverflowError) as exc:
+                OverflowError, ValueError) as exc:  # (ValueError: a NaN among aware
+            # datetimes, "cannot convert float NaN to integer": found by fuzzing)
             said = source if asked or not _unknown(field.type) else nulls
             raise DataError(
                 f"rows {done}..{done + len(chunk) - 1}, column {field.name!r}: {exc}; "
@@ -186,7 +188,7 @@ def _column(chunk: list[dict[str, Any]], field: pa.Field,
     try:
         column = inferred.column(field.name) if inferred is not None \
             and field.name in inferred.column_names else pa.array(values())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError):
         column = None  # no one type holds them as they are (ints past int64)
     if column is not None and column.type == field.type:
         if not guess_kept(values(), column):  # (pyarrow's guess: a date for a datetime)
@@ -212,7 +214,7 @@ def _which(rows: list[dict[str, Any]]) -> str:
     for name in rows[0]:
         try:
             pa.array([row.get(name) for row in rows])
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError):
             return f", column {name!r}"
     return ""
 

@@ -34,6 +34,26 @@ _MARKER_TEXT = ("pqloader.write_dataset is writing this folder, or failed or was
                 "folder while this file is here.\n")
 
 
+def _combined(group: pa.Table) -> pa.Table:
+    """A row group's rows in one chunk a column, or the DataError naming a dictionary column
+    whose batches' dictionaries together hold more values than its indices number (pandas
+    categoricals of int8 codes from two sources: pyarrow's own write_table fails too)."""
+    try:
+        return group.combine_chunks()
+    except pa.ArrowInvalid as exc:
+        narrow = [f for f in group.schema if pa.types.is_dictionary(f.type)
+                  and f.type.index_type.bit_width < 32 and group.column(f.name).num_chunks > 1]
+        if not narrow:
+            raise
+        f = narrow[0]
+        raise DataError(
+            f"column {f.name!r} ({f.type}): its batches' dictionaries together hold more "
+            f"values than {f.type.index_type} indices number, and a row group holds them all "
+            f"({exc}); cast it to pa.dictionary(pa.int32(), pa.{f.type.value_type}()) first "
+            "(a pandas categorical: give every frame the same categories), or pass a "
+            "row_group_size= no larger than a batch") from exc
+
+
 class _ShardWriter:
     """Writes row groups into numbered files, each appearing only once complete."""
 
@@ -61,7 +81,12 @@ class _ShardWriter:
                                                 compression=self.compression,
                                                 write_page_checksum=True)
             except (pa.ArrowException, ValueError) as exc:
-                raise InvalidArgumentError(f"compression={self.compression!r}: {exc}") from exc
+                if "compression" in str(exc).lower() or "codec" in str(exc).lower():
+                    raise InvalidArgumentError(
+                        f"compression={self.compression!r}: {exc}") from exc
+                raise DataError(f"the input's schema cannot be written to Parquet: {exc}; "
+                                "change that column's type, or leave it out") from exc  # (an
+                # empty struct was blamed on compression=, found by fuzzing)
 
     def finish_file(self) -> None:
         if self._writer is None or self._tmp is None:
@@ -267,7 +292,7 @@ def _write_files(data: Any, root: Path, staging: Path, *, rows_per_file: int,
                 while n > 1 and (size := decoded_bytes(group)) > ROW_GROUP_BYTES:
                     n = max(1, n * ROW_GROUP_BYTES // size)
                     group = table.slice(0, n)
-            writer.write(group.combine_chunks())
+            writer.write(_combined(group))
             rest = table.slice(n)
             buffered, buffered_rows = rest.to_batches(), rest.num_rows
             bar.update(n)

@@ -475,6 +475,39 @@ def test_a_bool_among_floats_is_refused_not_written_as_one(tmp_path: Path, rows:
     assert pq.read_table(tmp_path / "ok").column("a").to_pylist() == [1.0, 2.5, None]
 
 
+@pytest.mark.parametrize(("rows", "said"), [
+    pytest.param([{"x": datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)},
+                  {"x": float("nan")}], r"column 'x': cannot convert float NaN",
+                 id="nan-among-aware-datetimes"),
+    pytest.param([{"x": datetime.time(1, 2, 3)}, {"x": 2**62}],
+                 r"column 'x': pyarrow would write its values \(time, int\)", id="int-as-time"),
+    pytest.param([{"x": {}}, {"x": {}}], r"cannot be written to Parquet: Cannot write struct "
+                 r"type 'x' with no child field", id="empty-struct"),
+])
+def test_dict_rows_pyarrow_cannot_write_are_refused_naming_the_column(
+        tmp_path: Path, rows: list[dict[str, Any]], said: str) -> None:
+    """They raised ValueError, OverflowError, or blamed compression= (found by fuzzing)."""
+    with pytest.raises(pqloader.DataError, match=said):
+        pqloader.write_dataset(rows, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_dictionaries_no_index_type_can_hold_together_are_refused_naming_the_column(
+        tmp_path: Path) -> None:
+    """Two sources' categoricals of int8 codes: pyarrow's own error named nothing."""
+    def codes(prefix: str) -> pa.Table:
+        values = pa.array([f"{prefix}{i}" for i in range(100)]).dictionary_encode()
+        return pa.table({"c": values.cast(pa.dictionary(pa.int8(), pa.string()))})
+
+    table = pa.concat_tables([codes("a"), codes("b")])
+    with pytest.raises(pqloader.DataError, match=r"column 'c' \(dictionary<values=string, "
+                       r"indices=int8.*cast it to pa.dictionary\(pa.int32\(\), pa.string\(\)\)"):
+        pqloader.write_dataset(table, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    pqloader.write_dataset(table, tmp_path / "ok", row_group_size=100)  # each group: one
+    assert pq.read_table(tmp_path / "ok").column("c").to_pylist() == table["c"].to_pylist()
+
+
 def test_dict_rows_of_one_kind_each_are_written_as_they_are(tmp_path: Path) -> None:
     when = datetime.datetime(2024, 1, 1, 12, 30)
     rows = [{"np": np.datetime64("2024-01-01T12:30:00"), "ts": pd.Timestamp(when),
