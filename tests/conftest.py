@@ -186,3 +186,14 @@ def http_server() -> Iterator[Callable[[str | os.PathLike[str]], str]]:
             return stack.enter_context(_start_or_skip(servers.NginxFiles, directory)).url
 
         yield serve
+
+
+@pytest.fixture
+def nginx_files() -> Iterator[Callable[[str | os.PathLike[str]], servers.NginxFiles]]:
+    """:func:`http_server`'s nginx itself, for its log of requests (``settled_requests``)."""
+    with contextlib.ExitStack() as stack:
+
+        def serve(directory: str | os.PathLike[str]) -> servers.NginxFiles:
+            return stack.enter_context(_start_or_skip(servers.NginxFiles, directory))
+
+        yield serve

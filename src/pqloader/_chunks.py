@@ -14,6 +14,14 @@ from ._ranges import Range, coalesce
 from ._versions import cacheable
 
 NO_SPLIT = 1 << 62  # coalesce's part size when ranges are merged only, never cut
+# pyarrow's pre-buffering reads a row group's chunks joined across gaps up to this (its
+# CacheOptions' hole_size_limit): spans joined across less left it reading a gap no span held
+PREBUFFER_HOLE = 8 << 10
+
+
+def span_hole(hole_bytes: int) -> int:
+    """The gap that a row group's projected chunks are joined across into one span."""
+    return max(hole_bytes, PREBUFFER_HOLE)
 
 
 def chunk_range(col: Any, file_size: int) -> Range:
@@ -58,7 +66,7 @@ def within_whole(store: Store, cache: Cache | None, obj: ObjectInfo, rg: Any,
     if cache is None or not cacheable(obj.version):
         return None
     every = coalesce([chunk_range(rg.column(i), obj.size) for i in range(rg.num_columns)],
-                     store.retry.hole_bytes, part=NO_SPLIT)
+                     span_hole(store.retry.hole_bytes), part=NO_SPLIT)
     if every == spans:
         return None
     url = store.url(obj.path)

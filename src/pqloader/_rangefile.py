@@ -10,8 +10,9 @@ from ._ranges import Range
 
 
 class RangeFile(io.RawIOBase):
-    """A read-only file of ``size`` bytes of which only some ranges are known; a read
-    elsewhere is fetched (rarely: padding that some writers' readers expect)."""
+    """A read-only file of ``size`` bytes of which only some ranges are known; what a read
+    asks for beyond them is fetched (rarely: padding that some writers' readers expect, a
+    gap pyarrow's pre-buffering joined across)."""
 
     def __init__(self, size: int, chunks: dict[Range, Buffer], fetch: Any) -> None:
         super().__init__()
@@ -42,16 +43,23 @@ class RangeFile(io.RawIOBase):
         n = self._size - pos if n is None or n < 0 else min(n, self._size - pos)
         self._pos = pos + n
         end = pos + n
-        parts = []
+        parts: list[Buffer] = []
         at = pos
         for (off, length), data in self._chunks:  # sorted; pyarrow may read several at once
-            if off <= at < off + length:
-                parts.append(memoryview(data)[at - off:min(end, off + length) - off])
-                at = min(end, off + length)
-                if at == end:
-                    return parts[0] if len(parts) == 1 else b"".join(parts)
-        fetched: Buffer = self._fetch(pos, n)
-        return fetched
+            if off + length <= at:
+                continue
+            if at >= end:
+                break
+            if off > at:  # a gap between known ranges (pyarrow joins reads across up to 8
+                parts.append(self._fetch(at, min(off, end) - at))  # KiB): it alone is
+                at = min(off, end)  # fetched, not the whole read again (found by fuzzing)
+                if at >= end:
+                    break
+            parts.append(memoryview(data)[at - off:min(end, off + length) - off])
+            at = min(end, off + length)
+        if at < end:
+            parts.append(self._fetch(at, end - at))
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def readall(self) -> Buffer:  # type: ignore[override]
         return self.read(-1)

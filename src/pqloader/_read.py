@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._cache import Buffer
-from ._chunks import NO_SPLIT, chunk_range, within_tail, within_whole
+from ._chunks import NO_SPLIT, chunk_range, span_hole, within_tail, within_whole
 from ._conform import CHANGED as _CHANGED
 from ._conform import conform
 from ._discover import Discovery, FileEntry
@@ -359,8 +359,10 @@ class FragmentReader:
         ranges = [chunk_range(rg.column(i), obj.size) for i in self._leaf_columns(file_index)]
         # One range (and one cache entry) per run of projected chunks with gaps under
         # hole_bytes between them: the gaps of a projection of a wide table, the columns not
-        # read, are neither fetched nor cached when they are larger than that.
-        spans = coalesce(ranges, d.store.retry.hole_bytes, part=NO_SPLIT)
+        # read, are neither fetched nor cached when they are larger than that (nor under 8
+        # KiB: pyarrow reads across those itself, and each such read fetched the whole span
+        # again, found by fuzzing with hole_bytes=0).
+        spans = coalesce(ranges, span_hole(d.store.retry.hole_bytes), part=NO_SPLIT)
         chunks = within_tail(self._tails.get(file_index), d.store, d.cache, obj, spans) \
             or within_whole(d.store, d.cache, obj, rg, spans) \
             or cached_ranges(d.store, d.cache, obj.path, obj.version, spans)

@@ -444,3 +444,58 @@ def test_memory_projection_caches_only_the_projected_columns(tmp_path: Path) -> 
     data = _kinds(cache, sizes)["row group"]
     assert len(data) == 2 * ds.num_row_groups  # id and pad3 apart: two ranges, no gap
     assert sum(e.length for e in data) == projected
+
+
+def test_a_read_across_a_gap_between_known_ranges_fetches_the_gap_alone() -> None:
+    from pqloader._rangefile import RangeFile
+
+    data = bytes(range(50))
+    asked: list[tuple[int, int]] = []
+
+    def fetch(offset: int, length: int) -> bytes:
+        asked.append((offset, length))
+        return data[offset:offset + length]
+
+    f = RangeFile(50, {(0, 10): data[0:10], (20, 10): data[20:30]}, fetch)
+    f.seek(5)
+    assert bytes(f.read(30)) == data[5:35] and asked == [(10, 10), (30, 5)]
+    asked.clear()
+    f.seek(0)
+    assert bytes(f.read(30)) == data[0:30] and asked == [(10, 10)]  # (a gap, then known)
+    asked.clear()
+    f.seek(22)
+    assert bytes(f.read(5)) == data[22:27] and asked == []
+    f.seek(40)
+    assert bytes(f.read()) == data[40:] and asked == [(40, 10)]
+
+
+def test_a_projection_with_small_gaps_is_fetched_once_and_cached_whole(
+        tmp_path: Path, nginx_files: Any) -> None:
+    """pyarrow pre-buffers a row group's chunks joined across gaps up to 8 KiB: with
+    hole_bytes=0, spans apart by a small column's chunk made it read that gap, and each such
+    read fetched the whole row group again, on a warm cache too (found by fuzzing)."""
+    def write(name: str, rows: int) -> None:
+        t = pa.table({"a": np.arange(rows), "b": np.zeros(rows, np.int8),
+                      "c": np.arange(rows) * 2.0})
+        pq.write_table(t, tmp_path / name, row_group_size=rows, use_dictionary=["b"],
+                       compression="none")
+        os.utime(tmp_path / name, (time.time() - 3600,) * 2)  # (not modified lately)
+
+    write("big.parquet", 50_000)  # its row group before the tail fetched with the footer
+    write("small.parquet", 1_000)  # all in the tail
+    retry = RetryPolicy(hole_bytes=0)
+    nginx = nginx_files(tmp_path)
+
+    def data_bytes(url: str, columns: list[str] | None, cache: Cache | None) -> int:
+        ds = pqloader.ParquetDataset(url, columns=columns, cache=cache, retry=retry)
+        opened = len(nginx.settled_requests())  # (the footer's request, or none: cached)
+        loader = pqloader.DataLoader(ds, batch_size=4096, num_workers=0)  # (workers: each
+        assert sum(len(b["a"]) for b in loader) == len(ds)  # fetches a row group it shares)
+        return sum(r.bytes_sent for r in nginx.settled_requests()[opened:]
+                   if r.method == "GET")
+
+    size = (tmp_path / "big.parquet").stat().st_size  # columns a and c: ~800 of ~850 KB
+    assert 0 < data_bytes(f"{nginx.url}/big.parquet", ["a", "c"], None) < size  # was 2x
+    cache = Cache(tmp_path / "cache")
+    data_bytes(f"{nginx.url}/small.parquet", None, cache)
+    assert data_bytes(f"{nginx.url}/small.parquet", ["a", "c"], cache) == 0  # a warm cache
