@@ -66,7 +66,8 @@ class RetryPolicy:
         list_timeout_s: per listing of a prefix (many pages of 1,000 names each).
         max_concurrency: requests in flight per process, at most.
         part_bytes: ranges larger than this are fetched in parallel parts.
-        hole_bytes: ranges closer than this are fetched as one request.
+        hole_bytes: ranges closer than this are fetched as one request (a row group's
+            projected chunks closer than 8 KiB too: pyarrow reads across such gaps).
     """
 
     attempts: int = 10  # tries in all, the first included
