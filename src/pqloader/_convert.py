@@ -226,14 +226,14 @@ def _zoned(batches: Iterator[pa.RecordBatch], source: str, schema: pa.Schema,
     """JSON Lines: ``batches`` and their schema, each column guessed timestamp in UTC if its
     times name a zone offset (pyarrow dropped the zone), refused where some do and some do
     not (``_texts.Zones``)."""
-    guessed = [f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.tz is None
-               and f.name not in types]
-    if not guessed:
+    naive = [f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.tz is None]
+    if not naive:
         return schema, batches
-    zones = Zones(source, guessed)
-    text = iter(_open_json(source, {**types, **dict.fromkeys(guessed, pa.string())}))
+    guessed = [n for n in naive if n not in types]  # (typed so: still no two clocks, found
+    zones = Zones(source, naive)  # in review, but the type asked for is kept)
+    text = iter(_open_json(source, {**types, **dict.fromkeys(naive, pa.string())}))
     checked = alongside(batches, text, _failing(zones.check))  # (the first block: now)
-    utc = zones.schema(schema)
+    utc = zones.schema(schema, guessed)
 
     def gen() -> Iterator[pa.RecordBatch]:
         for batch in checked:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ._casts import same_values
@@ -15,15 +16,22 @@ from ._schema import holds
 
 # Types pyarrow guesses from mixed Python values by changing some: a datetime among dates
 # loses its time of day, a naive one among aware ones is taken for UTC (and the reverse drops
-# the zone), a str among bytes becomes bytes, an int among timedeltas microseconds, a bool
-# among floats 1.0 (found by fuzzing; among ints it refuses them, and an int past 2**53 among
-# floats, itself).
+# the zone), a str among bytes becomes bytes, an int among timedeltas microseconds. (It
+# refuses an int past 2**53 among floats itself.) A bool among floats becomes 1.0 (found by
+# fuzzing; among ints pyarrow refuses it): looked for apart (ints among floats, common in rows
+# from JSON, are kept, and comparing each value cost 5.5x the write, found in review).
 _GUESSED = (pa.types.is_date, pa.types.is_timestamp, pa.types.is_time, pa.types.is_duration,
-            pa.types.is_binary, pa.types.is_large_binary, pa.types.is_floating)
+            pa.types.is_binary, pa.types.is_large_binary)
+_BOOLS = frozenset({bool, np.bool_})
 
 
 def is_guessed(t: pa.DataType) -> bool:
     return any(test(t) for test in _GUESSED)
+
+
+def checked(t: pa.DataType) -> bool:
+    """Whether a type guessed from Python values may have changed some (:func:`guess_kept`)."""
+    return bool(holds(t, is_guessed) or holds(t, pa.types.is_floating))
 
 
 def guess_kept(values: list[Any], column: pa.Array | pa.ChunkedArray, *,
@@ -31,14 +39,33 @@ def guess_kept(values: list[Any], column: pa.Array | pa.ChunkedArray, *,
     """Whether ``column``, pyarrow's conversion of Python ``values``, holds those values.
     ``uniform``: whether the values its type was guessed from were of one kind (None: these
     values are those)."""
-    if not holds(column.type, is_guessed):
+    if holds(column.type, is_guessed):
+        if one_kind_each(values) if uniform is None else uniform:  # nothing mixed to change:
+            return True  # 7x cheaper than comparing them
+    elif not (holds(column.type, pa.types.is_floating) and _has_bool(values)):
         return True
-    if one_kind_each(values) if uniform is None else uniform:  # nothing mixed to change:
-        return True  # 7x cheaper than comparing them
     try:
         return same_values(values, column.to_pylist(), column.type)
     except (ValueError, OverflowError):  # 2**62 guessed a time of day: no Python time holds
         return False  # it (found by fuzzing)
+
+
+def _has_bool(values: list[Any]) -> bool:
+    """Whether a bool is among ``values``, at any depth (lists, dicts)."""
+    stack = [values]
+    while stack:
+        level = stack.pop()
+        kinds = set(map(type, level))
+        if kinds & _BOOLS:
+            return True
+        if not any(issubclass(k, (dict, list, tuple)) for k in kinds):
+            continue  # flat: the common case, one pass in C
+        for v in level:
+            if isinstance(v, dict):
+                stack.append(list(v.values()))
+            elif isinstance(v, (list, tuple)):
+                stack.append(list(v))
+    return False
 
 
 def one_kind_each(values: list[Any]) -> bool:

@@ -11,8 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from ._errors import DataError
-from ._mixed import guess_kept, is_guessed, kinds_said, one_kind_each
-from ._schema import holds
+from ._mixed import checked, guess_kept, kinds_said, one_kind_each
 
 _UNNAMED_INDEX = re.compile(r"__index_level_\d+__")
 
@@ -80,10 +79,10 @@ def pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.Rec
     schema = pa.schema([f for f in schema if not _UNNAMED_INDEX.fullmatch(f.name)],
                        metadata=schema.metadata)
     # Python values of kinds pyarrow's guess may change (dates beside datetimes, naive beside
-    # aware, bytes beside str), in object columns, categories or named index levels: checked
-    # as rows of dicts are
+    # aware, bytes beside str, bools beside floats), in object columns, categories or named
+    # index levels: checked as rows of dicts are
     guessed = [(source, name) for name, source in _untyped(df).items()
-               if name in schema.names and holds(schema.field(name).type, is_guessed)]
+               if name in schema.names and checked(schema.field(name).type)]
     # whether each holds values of one kind, over the whole frame: its type was guessed from
     # the whole frame, so a chunk of one kind may still be of another than the type's (dates,
     # then a chunk of datetimes, lost their time; found in review)

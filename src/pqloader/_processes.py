@@ -276,9 +276,13 @@ def _died(it: Any, wait_s: float = 1.0) -> RuntimeError | None:
     not be received: its tensors' file descriptors are fetched from the worker, and one
     killed meanwhile (the OOM killer, say) surfaced as a bare EOFError from multiprocessing
     (found under Python 3.13). None if every worker is alive after ``wait_s``."""
+    workers = getattr(it, "_workers", ())
+    # (one that ended its share of an IterableDataset exits, and torch marks it not running:
+    # not a death, found in review)
+    running = getattr(it, "_workers_status", [True] * len(workers))
     deadline = time.monotonic() + wait_s
     while True:
-        dead = [w for w in getattr(it, "_workers", ()) if not w.is_alive()]
+        dead = [w for w, up in zip(workers, running, strict=False) if up and not w.is_alive()]
         if dead or time.monotonic() >= deadline:
             break
         time.sleep(0.02)

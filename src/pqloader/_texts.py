@@ -16,8 +16,9 @@ import pyarrow.compute as pc
 
 # CSV integers pyarrow 26 reads from text whose digits a number drops: "01234", "0x1F"
 _PADDED = r"^\s*[+-]?0[0-9xX]"
-# a time of day that names its zone: "...09:00:00Z", "...+02:00", "...-0500", "...+02"
-_ZONED = r"(?i)[0-9](z|[+-][0-9]{2}(:?[0-9]{2})?)\s*$"
+# a time of day that names its zone: "...09:00:00Z", "...09:00+02:00", "...-0500", "...+02"
+# (a date alone, "2024-03-10", is none: its day is no offset, found in review)
+_ZONED = r"(?i)[0-9]{2}:[0-9]{2}(:[0-9]{2}([.,][0-9]+)?)?\s*(z|[+-][0-9]{2}(:?[0-9]{2})?)\s*$"
 
 
 class TextProblem(Exception):
@@ -66,18 +67,19 @@ def padded(block: pa.RecordBatch, first_row: int, source: str, schema: pa.Schema
 
 
 class Zones:
-    """Whether each JSON column guessed timestamp names zone offsets: decided by its first
-    value (then written as UTC, what the offsets were converted to), and every later value
-    must agree."""
+    """Whether each JSON timestamp column without a zone names zone offsets in its text:
+    decided by its first value (a guessed one then written as UTC, what the offsets were
+    converted to), and every later value must agree. Top-level columns only: times in lists
+    and objects are not looked at."""
 
-    def __init__(self, source: str, guessed: list[str]) -> None:
+    def __init__(self, source: str, names: list[str]) -> None:
         self._source = source
         self.zoned: dict[str, bool] = {}  # per column, once a value decided
         self._first: dict[str, tuple[int, str]] = {}
-        self._guessed = guessed
+        self._names = names
 
     def check(self, block: pa.RecordBatch, first_row: int) -> None:
-        for name in self._guessed:
+        for name in self._names:
             column = block.column(name)
             found = pc.match_substring_regex(column, _ZONED)
             valid = column.is_valid()
@@ -93,15 +95,15 @@ class Zones:
                 at, first = self._first[name]
                 said = "with" if self.zoned[name] else "without"
                 raise TextProblem(
-                    f"{self._source}: column {name!r} was guessed a timestamp; its row {at:,} "
+                    f"{self._source}: column {name!r} is a timestamp; its row {at:,} "
                     f"(from 1) is {first!r}, {said} a zone offset, and row "
                     f"{first_row + row + 1:,} is {column[row].as_py()!r}: pyarrow reads times "
                     "with an offset as UTC and those without as they are, two clocks in one "
                     f"column. Give every value an offset (or none), or pass --column-type "
                     f"{name}=string to keep the text")
 
-    def schema(self, schema: pa.Schema) -> pa.Schema:
-        """``schema``, its zoned columns' timestamps in UTC."""
+    def schema(self, schema: pa.Schema, guessed: list[str]) -> pa.Schema:
+        """``schema``, its ``guessed`` zoned columns' timestamps in UTC."""
         return pa.schema([f.with_type(pa.timestamp(f.type.unit, "UTC"))
-                          if self.zoned.get(f.name) else f for f in schema],
-                         metadata=schema.metadata)
+                          if f.name in guessed and self.zoned.get(f.name) else f
+                          for f in schema], metadata=schema.metadata)

@@ -284,17 +284,19 @@ def test_a_batch_whose_worker_died_before_it_was_received_names_the_worker() -> 
 
     context = multiprocessing.get_context("fork")
     alive, dead = (context.Process(target=time.sleep, args=(60,)) for _ in range(2))
-    alive.start()
-    dead.start()
+    done = context.Process(target=int)  # it ended its share (an IterableDataset's): no death
+    for process in (alive, dead, done):
+        process.start()
+    done.join()
     try:
         os.kill(dead.pid, signal.SIGKILL)
-
-        iterator = SimpleNamespace(_workers=[alive, dead])  # torch's, as _died looks at it
+        iterator = SimpleNamespace(  # torch's, as _died looks at it
+            _workers=[alive, dead, done], _workers_status=[True, True, False])
         told = _died(iterator)
         assert isinstance(told, RuntimeError)
         assert re.search(rf"DataLoader worker exited unexpectedly \(pid {dead.pid}: killed by "
                          r"signal SIGKILL\) while its batch was being received", str(told))
-        iterator._workers = [alive]
+        iterator._workers, iterator._workers_status = [alive, done], [True, False]
         assert _died(iterator, wait_s=0.1) is None  # the error raised as it came
     finally:
         for process in (alive, dead):

@@ -979,12 +979,25 @@ def test_write_jsonl_times_with_a_zone_offset_stay_instants_in_utc(tmp_path: Pat
     mixed.write_text('{"id": 1, "t": "2024-03-10T09:00:00"}\n'
                      '{"id": 2, "t": "2024-03-10T09:00:00-05:00"}\n')
     code, _, err = run(capsys, "write", mixed, tmp_path / "m", "--no-progress")
-    assert code == 1 and "column 't' was guessed a timestamp; its row 1" in err, err
+    assert code == 1 and "column 't' is a timestamp; its row 1" in err, err
     assert "without a zone offset, and row 2 is '2024-03-10T09:00:00-05:00'" in err
     assert not (tmp_path / "m").exists()
     code, _, err = run(capsys, "write", mixed, tmp_path / "m", "--no-progress",
+                       "--column-type", "t=timestamp[s]")  # a type asked: still two clocks
+    assert code == 1 and "column 't' is a timestamp; its row 1" in err, err
+    code, _, err = run(capsys, "write", mixed, tmp_path / "m", "--no-progress",
                        "--column-type", "t=string")
     assert code == 0 and all_rows(tmp_path / "m")[1]["t"] == "2024-03-10T09:00:00-05:00"
+    days = tmp_path / "days.jsonl"  # a date alone names no zone (it was taken for one)
+    days.write_text('{"t": "2024-03-10"}\n{"t": "2024-03-10T09:00:00"}\n')
+    code, _, err = run(capsys, "write", days, tmp_path / "d", "--no-progress")
+    assert code == 0, err
+    assert pq.read_table(tmp_path / "d").column("t").type.tz is None
+    forms = tmp_path / "forms.jsonl"  # offsets as ISO 8601 writes them
+    forms.write_text('{"t": "2024-03-10T09:00:00+0530"}\n{"t": "2024-03-10 09:00:00+05"}\n')
+    code, _, err = run(capsys, "write", forms, tmp_path / "f", "--no-progress")
+    assert code == 0, err
+    assert [r["t"].hour for r in pq.read_table(tmp_path / "f").to_pylist()] == [3, 4]
 
 
 def test_write_refuses_a_csv_header_naming_a_column_twice(tmp_path: Path, capsys) -> None:

@@ -499,9 +499,12 @@ def test_dictionaries_no_index_type_can_hold_together_are_refused_naming_the_col
         values = pa.array([f"{prefix}{i}" for i in range(100)]).dictionary_encode()
         return pa.table({"c": values.cast(pa.dictionary(pa.int8(), pa.string()))})
 
+    few = pa.array(["x", "y", "z"] * 33 + ["x"]).dictionary_encode().cast(
+        pa.dictionary(pa.int8(), pa.string()))  # narrow too, but its batches' add up
     table = pa.concat_tables([codes("a"), codes("b")])
+    table = table.add_column(0, "a", pa.chunked_array([few, few]))
     with pytest.raises(pqloader.DataError, match=r"column 'c' \(dictionary<values=string, "
-                       r"indices=int8.*cast it to pa.dictionary\(pa.int32\(\), pa.string\(\)\)"):
+                       r"indices=int8.*cast it to a dictionary of int32 indices"):
         pqloader.write_dataset(table, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     pqloader.write_dataset(table, tmp_path / "ok", row_group_size=100)  # each group: one
