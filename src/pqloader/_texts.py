@@ -16,9 +16,10 @@ import pyarrow.compute as pc
 
 # CSV integers pyarrow 26 reads from text whose digits a number drops: "01234", "0x1F"
 _PADDED = r"^\s*[+-]?0[0-9xX]"
-# a time of day that names its zone: "...09:00:00Z", "...09:00+02:00", "...-0500", "...+02"
-# (a date alone, "2024-03-10", is none: its day is no offset, found in review)
-_ZONED = r"(?i)[0-9]{2}:[0-9]{2}(:[0-9]{2}([.,][0-9]+)?)?\s*(z|[+-][0-9]{2}(:?[0-9]{2})?)\s*$"
+# a time of day that names its zone: "...T09:00:00Z", "... 09:00+02:00", "...T09-0500",
+# "...T09+02" (a date alone, "2024-03-10", is none: its day is no offset, found in review)
+_ZONED = (r"(?i)[t ][0-9]{2}(:[0-9]{2}(:[0-9]{2}([.,][0-9]+)?)?)?\s*"
+          r"(z|[+-][0-9]{2}(:?[0-9]{2})?)\s*$")
 
 
 class TextProblem(Exception):

@@ -994,10 +994,12 @@ def test_write_jsonl_times_with_a_zone_offset_stay_instants_in_utc(tmp_path: Pat
     assert code == 0, err
     assert pq.read_table(tmp_path / "d").column("t").type.tz is None
     forms = tmp_path / "forms.jsonl"  # offsets as ISO 8601 writes them
-    forms.write_text('{"t": "2024-03-10T09:00:00+0530"}\n{"t": "2024-03-10 09:00:00+05"}\n')
-    code, _, err = run(capsys, "write", forms, tmp_path / "f", "--no-progress")
+    forms.write_text('{"t": "2024-03-10T09:00:00+0530"}\n{"t": "2024-03-10 09:00:00+05"}\n'
+                     '{"t": "2024-03-10T09+02:00"}\n{"t": "2024-03-10T09Z"}\n')  # (hours alone:
+    code, _, err = run(capsys, "write", forms, tmp_path / "f", "--no-progress")  # missed once)
     assert code == 0, err
-    assert [r["t"].hour for r in pq.read_table(tmp_path / "f").to_pylist()] == [3, 4]
+    assert [r["t"].hour for r in pq.read_table(tmp_path / "f").to_pylist()] == [3, 4, 7, 9]
+    assert pq.read_table(tmp_path / "f").column("t").type.tz == "UTC"
 
 
 def test_write_refuses_a_csv_header_naming_a_column_twice(tmp_path: Path, capsys) -> None:

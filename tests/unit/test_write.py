@@ -463,16 +463,21 @@ def test_dict_rows_whose_values_pyarrow_changes_alone_are_refused(tmp_path: Path
     pytest.param([{"a": [0.5, 1.0]}, {"a": [True, 2.0]}], id="in-a-list"),
     pytest.param([{"a": {"b": 0.5}}, {"a": {"b": False}}], id="in-a-struct"),
     pytest.param(pd.DataFrame({"a": pd.Series([0.5, False], dtype=object)}), id="pandas"),
+    pytest.param(pd.DataFrame({"a": pd.Series([0.5, 1.5, True, False], dtype=object)}),
+                 id="pandas-bools-in-a-later-chunk"),
 ])
 def test_a_bool_among_floats_is_refused_not_written_as_one(tmp_path: Path, rows: Any) -> None:
     """pyarrow refuses a bool among ints, but writes one among floats as 1.0 (found by
     fuzzing the writer)."""
     with pytest.raises(pqloader.DataError, match=r"column 'a'.* as (double|list|struct).*, "
                        "changing some"):
-        pqloader.write_dataset(rows, tmp_path / "out")
+        pqloader.write_dataset(rows, tmp_path / "out", row_group_size=2)
     assert not (tmp_path / "out").exists()
     pqloader.write_dataset([{"a": 1}, {"a": 2.5}, {"a": None}], tmp_path / "ok")  # ints: kept
     assert pq.read_table(tmp_path / "ok").column("a").to_pylist() == [1.0, 2.5, None]
+    apart = [{"m": {"score": 0.5, "valid": True}}, {"m": {"score": 1.5, "valid": False}}]
+    pqloader.write_dataset(apart, tmp_path / "apart")  # a bool beside a float, not among
+    assert pq.read_table(tmp_path / "apart").column("m").to_pylist()[1] == apart[1]["m"]
 
 
 @pytest.mark.parametrize(("rows", "said"), [
