@@ -174,23 +174,20 @@ def gcs_proxy(gcs_emulator: servers.GcsEmulator) -> Iterator[Callable[..., serve
 
 
 @pytest.fixture
-def http_server() -> Iterator[Callable[[str | os.PathLike[str]], str]]:
+def http_server(nginx_files: Callable[[str | os.PathLike[str]], servers.NginxFiles]
+                ) -> Callable[[str | os.PathLike[str]], str]:
     """Serve a directory over HTTP with nginx: ``base_url = http_server(path)``.
 
     Files are at ``f"{base_url}/{name}"``; range requests work and ``f"{base_url}/"`` is an HTML
     index that fsspec's HTTP filesystem lists. Every server is stopped after the test.
     """
-    with contextlib.ExitStack() as stack:
-
-        def serve(directory: str | os.PathLike[str]) -> str:
-            return stack.enter_context(_start_or_skip(servers.NginxFiles, directory)).url
-
-        yield serve
+    return lambda directory: nginx_files(directory).url
 
 
 @pytest.fixture
 def nginx_files() -> Iterator[Callable[[str | os.PathLike[str]], servers.NginxFiles]]:
-    """:func:`http_server`'s nginx itself, for its log of requests (``settled_requests``)."""
+    """nginx serving directories (``serve(path)``), each stopped after the test; its log of
+    requests is ``settled_requests()``; :func:`http_server` gives its URL alone."""
     with contextlib.ExitStack() as stack:
 
         def serve(directory: str | os.PathLike[str]) -> servers.NginxFiles:

@@ -243,8 +243,9 @@ def _zoned(batches: Iterator[pa.RecordBatch], source: str, schema: pa.Schema,
                     f"{source}: column {late[0]!r} was guessed a timestamp without a zone, "
                     "and its first time, past the first block, names a zone offset; pass "
                     f"--column-type {late[0]}=string to keep the text")
-            yield pa.RecordBatch.from_arrays(  # (the reader's batches: its schema's names)
-                [c.cast(f.type) for c, f in zip(batch.columns, utc, strict=True)], schema=utc)
+            yield batch if utc is schema else pa.RecordBatch.from_arrays(  # (the reader's
+                [c.cast(f.type) for c, f in zip(batch.columns, utc, strict=True)],  # names)
+                schema=utc)
 
     return utc, gen()
 

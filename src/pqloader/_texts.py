@@ -104,7 +104,10 @@ class Zones:
                     f"{name}=string to keep the text")
 
     def schema(self, schema: pa.Schema, guessed: list[str]) -> pa.Schema:
-        """``schema``, its ``guessed`` zoned columns' timestamps in UTC."""
+        """``schema``, its ``guessed`` zoned columns' timestamps in UTC (``schema`` itself
+        where none is)."""
+        if not any(self.zoned.get(n) for n in guessed):
+            return schema
         return pa.schema([f.with_type(pa.timestamp(f.type.unit, "UTC"))
                           if f.name in guessed and self.zoned.get(f.name) else f
                           for f in schema], metadata=schema.metadata)
