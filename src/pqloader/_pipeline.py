@@ -21,9 +21,10 @@ import pyarrow as pa
 from ._collate import Kind, Ragged, prepare, to_arrow, to_torch, window_order
 from ._errors import InvalidArgumentError, LoaderTimeoutError, PQLoaderError
 from ._memory import MemoryBudget
-from ._plan import Segment, Slice, Window, WorkerPlan, advance
+from ._plan import Segment, Window, WorkerPlan, advance
 from ._read import PARALLEL_FRAGMENTS, FragmentReader
 from ._reads import IN_ORDER_BYTES, bounded, in_order_reads
+from ._slices import Slice
 from ._threads import EXITING, DaemonPool
 from ._transform import transform_arity, transform_rng, transform_rng_keyword
 from ._where import describe, rows_from
@@ -72,10 +73,9 @@ class Stages:
         dataset's heaviest rows (texts in some files, labels in others) needs many times what
         the mean row says, and read ahead by that estimate it passed the budget."""
         d = self.reader.discovery
-        slices = segment.window.slices
-        fragments = [s.fragment for s in slices]
+        fragments = segment.window.fragments()
         held = int(d.held()[fragments].sum())
-        rows = np.array([s.num_rows for s in slices])
+        rows = np.diff(segment.window.starts())
         kept = float((d.byte_size[fragments] * rows / np.maximum(d.num_rows[fragments], 1)).sum())
         return held + int(kept * segment.num_rows / max(1, segment.window.num_rows))
 

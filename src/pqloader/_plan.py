@@ -30,7 +30,6 @@ ranks left to the new world as in steps 2 and 3 (``_remainder.py``).
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -40,6 +39,7 @@ from typing import overload
 import numpy as np
 
 from ._seeds import FRAGMENTS, WINDOW, generator
+from ._slices import Slice, Slices
 
 # A worker's first shuffle window reads at most this many slices (row groups), the next twice as
 # many, ... until windows end at ``window_rows``. Reading a slice costs ~0.2-0.5 ms however
@@ -50,32 +50,31 @@ FIRST_WINDOW_SLICES = 64
 
 
 @dataclass(frozen=True)
-class Slice:
-    """Rows ``[start, stop)`` of fragment ``fragment``."""
-
-    fragment: int
-    start: int
-    stop: int
-
-    @property
-    def num_rows(self) -> int:
-        return self.stop - self.start
-
-
-@dataclass(frozen=True)
 class Window:
-    """Slices read together and emitted in one permutation (``key is None``: in order)."""
+    """Slices read together and emitted in one permutation (``key is None``: in order).
+    ``slices`` is held as :class:`Slices` whatever sequence it is given as."""
 
-    slices: tuple[Slice, ...]
+    slices: Sequence[Slice]
     key: tuple[int, ...] | None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "slices", Slices.of(self.slices))
+
     @property
     def num_rows(self) -> int:
-        return sum(s.num_rows for s in self.slices)
+        return int(self._slices.rows().sum())
+
+    @property
+    def _slices(self) -> Slices:
+        return self.slices  # type: ignore[return-value]  # made so by __post_init__
+
+    def fragments(self) -> np.ndarray:
+        """The row group of each slice."""
+        return self._slices.fragments
 
     def starts(self) -> np.ndarray:
         """Where each slice's rows begin, numbered as the slices concatenated; the total last."""
-        return np.cumsum([0, *(s.num_rows for s in self.slices)])
+        return np.concatenate([[0], np.cumsum(self._slices.rows())])
 
     def order(self) -> np.ndarray:
         """The order in which this window's rows (numbered as its slices concatenated) go out."""
@@ -192,24 +191,33 @@ def fragment_order(num_fragments: int, *, seed: int, epoch: int, shuffle: bool) 
     return generator(FRAGMENTS, seed, epoch).permutation(num_fragments)
 
 
-def walk(start: int, stop: int, bounds: np.ndarray) -> list[tuple[int, int, int, int]]:
+def walk(start: int, stop: int, bounds: np.ndarray
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Cover virtual positions ``[start, stop)`` of items with first positions ``bounds``.
 
-    Returns ``(position, item, offset in the item, rows)`` pieces; positions past the total
-    wrap to the start (the padding of step 2).
+    Returns the pieces as four arrays: position, item, offset in the item, rows; positions
+    past the total wrap to the start (the padding of step 2). Items of no rows make none.
     """
-    edges = bounds.tolist()  # bisect on a list: ~0.2 us a call, np.searchsorted ~1.2 us
-    total = edges[-1]
-    out = []
+    bounds = np.asarray(bounds, dtype=np.int64)
+    total = int(bounds[-1])
+    parts = []
     pos = start
-    while pos < stop:
-        local = pos % total
-        i = bisect.bisect_right(edges, local) - 1
-        offset = local - edges[i]
-        take = min(edges[i + 1] - local, stop - pos)
-        out.append((pos, i, offset, take))
-        pos += take
-    return out
+    while pos < stop:  # once per pass over the items: twice at most but for tiny epochs
+        lap = pos - pos % total
+        lo, hi = pos - lap, min(stop - lap, total)
+        first = int(np.searchsorted(bounds, lo, side="right")) - 1
+        last = int(np.searchsorted(bounds, hi, side="left"))  # items [first, last) hold rows
+        items = np.arange(first, last, dtype=np.int64)
+        begins = np.maximum(bounds[first:last], lo)
+        ends = np.minimum(bounds[first + 1:last + 1], hi)
+        keep = ends > begins
+        items, begins, ends = items[keep], begins[keep], ends[keep]
+        parts.append((begins + lap, items, begins - bounds[items], ends - begins))
+        pos = lap + hi
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    return tuple(np.concatenate(x) for x in zip(*parts, strict=True))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -269,9 +277,9 @@ def plan_epoch(
     bounds = np.concatenate([[0], np.cumsum(rows[order])])
     plans = []
     for w, (positions, sizes, begin, end) in enumerate(deal.workers):
-        pieces = [(pos, Slice(int(order[i]), off, off + n))
-                  for pos, i, off, n in walk(begin, end, bounds)]
-        windows = _windows(pieces, seed, epoch, shuffle, window_rows, first_window_slices)
+        at, items, offsets, takes = walk(begin, end, bounds)
+        pieces = Slices(order[items], offsets, offsets + takes)
+        windows = _windows(pieces, at, seed, epoch, shuffle, window_rows, first_window_slices)
         plans.append(WorkerPlan(w, tuple(whole(x) for x in windows), sizes, positions))
     return RankPlan(deal.num_batches, tuple(plans))
 
@@ -289,26 +297,29 @@ def advance(segments: tuple[Segment, ...], rows: int) -> tuple[Segment, ...]:
     return tuple(out)
 
 
+# An unshuffled window (read in joined reads of a few MiB: ``_reads.in_order_reads``) holds at
+# most this many slices, as many as ``window_rows`` rows allow: one a row group, an epoch of 1M
+# row groups was 1M windows to plan and hold.
+IN_ORDER_SLICES = 4096
+
+
 def _windows(
-    pieces: list[tuple[int, Slice]], seed: int, epoch: int, shuffle: bool, window_rows: int,
+    pieces: Slices, at: np.ndarray, seed: int, epoch: int, shuffle: bool, window_rows: int,
     first_window_slices: int,
-) -> tuple[Window, ...]:
-    if not shuffle:
-        return tuple(Window((s,), None) for _, s in pieces)
+) -> list[Window]:
+    """``pieces`` (a worker's span, at virtual positions ``at``) cut into windows: each closes
+    on the slice that brings it to ``window_rows`` rows, or to its most slices (shuffled: the
+    start-up ramp of step 4, doubling; unshuffled: :data:`IN_ORDER_SLICES`)."""
     windows: list[Window] = []
-    group: list[Slice] = []
-    group_start = 0
-    group_rows = 0
-    max_slices = max(1, first_window_slices)  # doubles with each window: the start-up ramp
-    for start, piece in pieces:
-        if not group:
-            group_start = start
-        group.append(piece)
-        group_rows += piece.num_rows
-        if group_rows >= window_rows or len(group) >= max_slices:
-            windows.append(Window(tuple(group), (seed, epoch, group_start)))
-            group, group_rows = [], 0
-            max_slices *= 2
-    if group:
-        windows.append(Window(tuple(group), (seed, epoch, group_start)))
-    return tuple(windows)
+    ends = np.cumsum(pieces.rows())  # rows up to and with each piece
+    i, n = 0, len(pieces)
+    most = max(1, first_window_slices) if shuffle else IN_ORDER_SLICES
+    while i < n:
+        before = int(ends[i - 1]) if i else 0
+        full = int(np.searchsorted(ends, before + window_rows, side="left")) + 1
+        j = min(max(full, i + 1), i + most, n)
+        windows.append(Window(pieces[i:j], (seed, epoch, int(at[i])) if shuffle else None))
+        if shuffle:
+            most *= 2
+        i = j
+    return windows

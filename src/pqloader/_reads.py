@@ -7,7 +7,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ._plan import Segment, Slice, Window, whole
+from ._plan import Segment, Window, whole
+from ._slices import Slice
 
 # An unshuffled read joins row groups up to this many decoded bytes (in_order_reads): a
 # read's fixed costs (~0.2 ms a row group) are then a few percent of its decoding.

@@ -17,7 +17,6 @@ import numpy as np
 from ._plan import (
     RankPlan,
     Segment,
-    Slice,
     Window,
     WorkerPlan,
     advance,
@@ -25,6 +24,7 @@ from ._plan import (
     walk,
     whole,
 )
+from ._slices import Slice
 
 
 def remaining(old: list[RankPlan], batches_done: int) -> list[Segment]:
@@ -220,9 +220,10 @@ def _cut(segments: list[Segment], begin: int, end: int) -> tuple[Segment, ...]:
     """The rows at positions ``[begin, end)`` of ``segments`` (past their total: the first
     again, the padding)."""
     bounds = np.concatenate([[0], np.cumsum([s.num_rows for s in segments], dtype=np.int64)])
+    _, items, offsets, takes = (a.tolist() for a in walk(begin, end, bounds))
     return tuple(
         Segment(segments[i].window, segments[i].start + off, segments[i].start + off + n)
-        for _, i, off, n in walk(begin, end, bounds)
+        for i, off, n in zip(items, offsets, takes, strict=True)
     )
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._plan import Slice, Window
+from ._plan import Window
+from ._slices import Slice
 
 if TYPE_CHECKING:
     from ._discover import Discovery

@@ -306,7 +306,8 @@ def test_a_budget_its_padded_batches_pass_is_warned_of(tmp_path: Path) -> None:
 
 def test_a_read_ahead_waits_for_its_own_row_groups_bytes(tmp_path: Path) -> None:
     """Each window's read is counted by its row groups, not the mean row (20x less here)."""
-    from pqloader._plan import Segment, Slice, Window
+    from pqloader._plan import Segment, Window
+    from pqloader._slices import Slice
 
     ds = _heavy_beside_light(tmp_path)
     d = ds._discovery

@@ -278,7 +278,8 @@ def test_an_error_names_a_few_of_a_reads_row_groups(make_dataset: Any) -> None:
     """A read may join thousands of small row groups: a timeout's message listed them all
     (3.8 KB for 64, found in review)."""
     import pqloader
-    from pqloader._plan import Slice, Window
+    from pqloader._plan import Window
+    from pqloader._slices import Slice
     from pqloader._where import describe
 
     ds = pqloader.ParquetDataset(make_dataset(300, rows_per_file=300, row_group_size=10))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pqloader._plan import Slice, Window, fragment_order, plan_epoch
+from pqloader._plan import Window, fragment_order, plan_epoch
 from pqloader._seeds import TRANSFORM, WINDOW, generator
+from pqloader._slices import Slice
 
 
 def test_the_first_window_is_not_permuted_by_the_fragment_orders_generator() -> None:
