@@ -73,9 +73,8 @@ class Stages:
         dataset's heaviest rows (texts in some files, labels in others) needs many times what
         the mean row says, and read ahead by that estimate it passed the budget."""
         d = self.reader.discovery
-        fragments = segment.window.fragments()
+        fragments, rows = segment.window.arrays.fragments, segment.window.arrays.rows()
         held = int(d.held()[fragments].sum())
-        rows = np.diff(segment.window.starts())
         kept = float((d.byte_size[fragments] * rows / np.maximum(d.num_rows[fragments], 1)).sum())
         return held + int(kept * segment.num_rows / max(1, segment.window.num_rows))
 

@@ -62,19 +62,16 @@ class Window:
 
     @property
     def num_rows(self) -> int:
-        return int(self._slices.rows().sum())
+        return int(self.arrays.rows().sum())
 
     @property
-    def _slices(self) -> Slices:
+    def arrays(self) -> Slices:
+        """``slices`` as they are held: their fragments, starts and stops as arrays."""
         return self.slices  # type: ignore[return-value]  # made so by __post_init__
-
-    def fragments(self) -> np.ndarray:
-        """The row group of each slice."""
-        return self._slices.fragments
 
     def starts(self) -> np.ndarray:
         """Where each slice's rows begin, numbered as the slices concatenated; the total last."""
-        return np.concatenate([[0], np.cumsum(self._slices.rows())])
+        return np.concatenate([[0], np.cumsum(self.arrays.rows())])
 
     def order(self) -> np.ndarray:
         """The order in which this window's rows (numbered as its slices concatenated) go out."""

@@ -3,12 +3,12 @@ and row groups emitted in order (unshuffled) joined in reads of a few MiB."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from ._plan import Segment, Window, whole
-from ._slices import Slice
+from ._slices import Slices
 
 # An unshuffled read joins row groups up to this many decoded bytes (in_order_reads): a
 # read's fixed costs (~0.2 ms a row group) are then a few percent of its decoding.
@@ -25,38 +25,48 @@ def in_order_reads(segments: Sequence[Segment], window_rows: int, held: np.ndarr
     epoch of 65,536-row groups ran 1.4x slower and held 1.6x the memory (a window's copy, a
     window ahead); a few MiB a read leaves those row groups alone."""
     out: list[Segment] = []
-    group: list[Slice] = []
-    rows = size = 0
-
-    def close() -> None:
-        nonlocal group, rows, size
-        if group:
-            out.append(whole(Window(tuple(group), None)))
-            group, rows, size = [], 0, 0
-
+    run: list[Slices] = []  # the slices of consecutive in-order segments, read in joined reads
     for segment in segments:
         if segment.window.key is not None:
-            close()
+            out.extend(_joined(run, window_rows, held))
+            run = []
             out.append(segment)
-            continue
-        for piece in _slices_of(segment):
-            group.append(piece)
-            rows += piece.num_rows
-            size += int(held[piece.fragment])
-            if size >= IN_ORDER_BYTES or (window_rows > 0 and rows >= window_rows):
-                close()
-    close()
+        else:
+            run.append(_slices_of(segment))
+    out.extend(_joined(run, window_rows, held))
     return out
 
 
-def _slices_of(segment: Segment) -> Iterator[Slice]:
+def _joined(run: list[Slices], window_rows: int, held: np.ndarray) -> list[Segment]:
+    """``run``'s slices in reads that each close on the slice that brings them to
+    :data:`IN_ORDER_BYTES` decoded or to ``window_rows`` rows (found by searchsorted: a loop
+    over 200,000 row groups took seconds before an epoch's first batch)."""
+    if not run:
+        return []
+    pieces = run[0] if len(run) == 1 else Slices(*(np.concatenate(
+        [getattr(p, name) for p in run]) for name in ("fragments", "starts", "stops")))
+    sizes = np.cumsum(held[pieces.fragments])
+    rows = np.cumsum(pieces.rows())
+    out, i, n = [], 0, len(pieces)
+    while i < n:
+        j = int(np.searchsorted(sizes, (sizes[i - 1] if i else 0) + IN_ORDER_BYTES))
+        if window_rows > 0:
+            j = min(j, int(np.searchsorted(rows, (rows[i - 1] if i else 0) + window_rows)))
+        j = min(max(j + 1, i + 1), n)
+        out.append(whole(Window(pieces[i:j], None)))
+        i = j
+    return out
+
+
+def _slices_of(segment: Segment) -> Slices:
     """The slices holding an in-order segment's rows (its window's rows [start, stop))."""
-    at = 0
-    for s in segment.window.slices:
-        lo, hi = max(segment.start - at, 0), min(segment.stop - at, s.num_rows)
-        if lo < hi:
-            yield Slice(s.fragment, s.start + lo, s.start + hi)
-        at += s.num_rows
+    window = segment.window
+    at = window.starts()[:-1]
+    lo = np.maximum(segment.start - at, 0)
+    held = window.arrays
+    hi = np.minimum(segment.stop - at, held.rows())
+    keep = lo < hi
+    return Slices(held.fragments[keep], (held.starts + lo)[keep], (held.starts + hi)[keep])
 
 
 def bounded(segments: Sequence[Segment], window_rows: int) -> Sequence[Segment]:
@@ -75,7 +85,7 @@ def bounded(segments: Sequence[Segment], window_rows: int) -> Sequence[Segment]:
                 window.num_rows - window.slices[-1].num_rows < window_rows:  # this plan's
             out.append(segment)
             continue
-        piece = max(window_rows, max(s.num_rows for s in window.slices))
+        piece = max(window_rows, int(window.arrays.rows().max()))
         out.extend(Segment(window, a, min(a + piece, segment.stop))
                    for a in range(segment.start, segment.stop, piece))
     return out

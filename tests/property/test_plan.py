@@ -11,7 +11,17 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pqloader._plan import IN_ORDER_SLICES, BatchSizes, RankPlan, Window, plan_epoch, walk
+from pqloader._plan import (
+    IN_ORDER_SLICES,
+    BatchSizes,
+    RankPlan,
+    Segment,
+    Window,
+    advance,
+    plan_epoch,
+    walk,
+)
+from pqloader._reads import IN_ORDER_BYTES, in_order_reads
 from pqloader._slices import Slice, Slices
 
 
@@ -240,3 +250,49 @@ def test_a_plan_of_many_row_groups_holds_no_object_per_row_group() -> None:
         assert held < 200_000 * 40, shuffle  # was ~170 bytes a row group shuffled
         assert sum(len(s.window.slices) for w in plan.workers for s in w.segments) == 200_000
         assert sum(w.num_rows for w in plan.workers) == 200_000_000
+
+
+def _joined_one_by_one(segments: list[Segment], window_rows: int, held: np.ndarray
+                       ) -> list[tuple[tuple[int, int, int], ...] | Segment]:
+    """What :func:`in_order_reads` makes, found a slice at a time (as it was written first):
+    each in-order read as its slices, a shuffled segment as it is."""
+    out: list[tuple[tuple[int, int, int], ...] | Segment] = []
+    group: list[tuple[int, int, int]] = []
+    rows = size = 0
+    for segment in segments:
+        if segment.window.key is not None:
+            if group:
+                out.append(tuple(group))
+            group, rows, size = [], 0, 0
+            out.append(segment)
+            continue
+        at = 0
+        for s in segment.window.slices:
+            lo, hi = max(segment.start - at, 0), min(segment.stop - at, s.num_rows)
+            at += s.num_rows
+            if lo >= hi:
+                continue
+            group.append((s.fragment, s.start + lo, s.start + hi))
+            rows, size = rows + hi - lo, size + int(held[s.fragment])
+            if size >= IN_ORDER_BYTES or (window_rows > 0 and rows >= window_rows):
+                out.append(tuple(group))
+                group, rows, size = [], 0, 0
+    if group:
+        out.append(tuple(group))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(w=worlds, held=st.lists(st.integers(0, IN_ORDER_BYTES), min_size=12, max_size=12),
+       skip=st.integers(0, 100))
+def test_in_order_reads_join_the_slices_one_by_one_would(w: dict, held: list[int],
+                                                         skip: int) -> None:
+    for p in plan_all(w):
+        for wp in p.workers:
+            segments = list(advance(wp.segments, min(skip, wp.num_rows)))
+            got = in_order_reads(segments, w["window_rows"], np.array(held))
+            spelled = [tuple((s.fragment, s.start, s.stop) for s in r.window.slices)
+                       if r.window.key is None else r for r in got]
+            assert spelled == _joined_one_by_one(segments, w["window_rows"], np.array(held))
+            assert all(r.window.key is not None or (r.start, r.stop) ==
+                       (0, r.window.num_rows) for r in got)
