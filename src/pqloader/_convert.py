@@ -18,6 +18,7 @@ import pyarrow.json as pa_json
 
 import pqloader
 
+from ._errors import unreadable
 from ._guesses import guess_problem, rounding_problem
 from ._texts import TextProblem, Zones, alongside, padded
 
@@ -108,6 +109,10 @@ def open_source(source: str, fmt: str, column_types: dict[str, pa.DataType] | No
         raise CommandFailure(f"{source}: no such file (a {fmt} source is one file); "
                              "check the path")
     text_encoding(encoding, fmt)
+    try:
+        open(source, "rb").close()  # unreadable: said so, not as a value that fits no guess
+    except OSError as exc:
+        raise CommandFailure(str(unreadable(source, exc) or f"{source}: {exc}")) from exc
     try:
         reader = _open_csv(source, types, encoding, delimiter) if fmt == "csv" else \
             _open_json(source, types)

@@ -6,6 +6,7 @@
     ├── DatasetNotFoundError   (FileNotFoundError)  a path that does not exist
     ├── EmptyDatasetError      (FileNotFoundError)  no Parquet files, or no row the filter keeps
     ├── CorruptFileError       (OSError)            not Parquet, truncated, or a corrupt page
+    ├── PermissionDeniedError  (PermissionError)    a file or folder this process may not read
     ├── SchemaMismatchError    (ValueError)         two files disagree on a column
     ├── ColumnNotFoundError    (KeyError)           a column asked for that the data lacks
     ├── InvalidArgumentError   (ValueError)         an argument out of range
@@ -19,7 +20,9 @@ Each message names the file, row group, column or argument at fault and says wha
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 
 from ._signed import redact
@@ -43,6 +46,10 @@ class EmptyDatasetError(PQLoaderError, FileNotFoundError):
 
 class CorruptFileError(PQLoaderError, OSError):
     """A file that is not Parquet, is truncated, or has a page that does not decode."""
+
+
+class PermissionDeniedError(PQLoaderError, PermissionError):
+    """A local file or folder of the dataset that this process is not allowed to read."""
 
 
 class SchemaMismatchError(PQLoaderError, ValueError):
@@ -108,3 +115,35 @@ def bad_text(name: str, exc: UnicodeDecodeError) -> str:
             "verify_checksums=True) finds damaged pages where the writer left checksums), or "
             "the column holds bytes written as strings; rewrite it as binary, or leave it out "
             "with columns=[...]")
+
+
+_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISDIR, "a folder"))
+
+
+def regular(path: str | os.PathLike[str], st: os.stat_result) -> None:
+    """Refuse what is no regular file: reading a named pipe blocked the open forever (found
+    by fuzzing), a device read without end."""
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "no regular file")
+        raise CorruptFileError(f"{path}: {kind}, not a Parquet file; remove it, or pass a "
+                               "glob or a list that leaves it out")
+
+
+def unreadable(path: str | os.PathLike[str], exc: OSError) -> PQLoaderError | None:
+    """``exc``, met opening or reading the local file or folder ``path``, worded when it is
+    no fault of the bytes (told as a corrupt file, a permission error said to rewrite the
+    file): permission denied, a broken symbolic link, a loop of links. None for any other."""
+    if isinstance(exc, PermissionError):
+        return PermissionDeniedError(
+            f"{path}: permission denied; this process may not read it: give it read access "
+            "(and its folders read and execute), or leave it out of the source")
+    if exc.errno == errno.ELOOP:
+        return CorruptFileError(f"{path}: a loop of symbolic links, not a file; remove the "
+                                "link, or leave it out of the source")
+    if isinstance(exc, FileNotFoundError) and os.path.islink(path):
+        return DatasetNotFoundError(
+            f"{path}: a symbolic link to {os.readlink(path)!r}, which does not "
+            "exist; mend the link or remove it")
+    return None

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._cache import Cache
-from ._errors import CorruptFileError
+from ._errors import CorruptFileError, PQLoaderError, regular, unreadable
 from ._fetch import cached_ranges
 from ._fs import ObjectInfo, Store
 from ._int96 import file_schema
@@ -96,8 +96,13 @@ def read_footer(path: Path) -> tuple[pq.FileMetaData, os.stat_result]:
     then fails the check of its stamp at its first read, not the other way)."""
     try:
         st = path.stat()
+        regular(path, st)
         md = pq.read_metadata(path)
+    except PQLoaderError:
+        raise
     except (pa.ArrowInvalid, OSError) as exc:
+        if isinstance(exc, OSError) and (told := unreadable(path, exc)) is not None:
+            raise told from exc
         raise CorruptFileError(
             f"{path}: not a readable Parquet file ({exc}); remove it or pass a glob that "
             "matches only Parquet files"

@@ -29,7 +29,13 @@ from ._chunks import NO_SPLIT, chunk_range, span_hole, within_tail, within_whole
 from ._conform import CHANGED as _CHANGED
 from ._conform import conform
 from ._discover import Discovery, FileEntry
-from ._errors import CorruptFileError, DatasetNotFoundError, PQLoaderError, SchemaMismatchError
+from ._errors import (
+    CorruptFileError,
+    DatasetNotFoundError,
+    PQLoaderError,
+    SchemaMismatchError,
+    unreadable,
+)
 from ._fetch import cached_ranges
 from ._footers import checked, remote_footer_and_tail
 from ._fs import ObjectInfo
@@ -303,6 +309,9 @@ class FragmentReader:
             raise SchemaMismatchError(
                 f"{entry.path}: row group {row_group}: {exc}; {_CHANGED}") from exc
         except (pa.ArrowException, OSError) as exc:
+            if isinstance(exc, OSError) and d.store is None and \
+                    (told := unreadable(entry.path, exc)) is not None:
+                raise told from exc
             raise CorruptFileError(
                 f"{entry.path}: row group {row_group} does not decode ({exc}); the file is "
                 "corrupt or truncated: rewrite it or remove it from the dataset"

@@ -11,7 +11,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from ._errors import DatasetNotFoundError, EmptyDatasetError, InvalidArgumentError
+from ._errors import (
+    CorruptFileError,
+    DatasetNotFoundError,
+    EmptyDatasetError,
+    InvalidArgumentError,
+    unreadable,
+)
 from ._fs import ObjectInfo, Store
 from ._manifest import INCOMPLETE, incomplete_error
 from ._manifest import NAME as MANIFEST_NAME
@@ -33,7 +39,7 @@ def _walk(root: Path) -> list[Path]:
     assembled from links to runs' outputs); a link back up the tree is followed once."""
     found: list[Path] = []
     seen: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_unlisted, followlinks=True):
         real = os.path.realpath(dirpath)
         if real in seen:  # a loop of links, or two links to one folder: read it once
             dirnames[:] = []
@@ -44,6 +50,32 @@ def _walk(root: Path) -> list[Path]:
         dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
         found.extend(Path(dirpath) / f for f in sorted(filenames) if not is_hidden(f))
     return _each_once(found)
+
+
+def _unlisted(exc: OSError) -> None:
+    """A folder of the dataset that cannot be listed: its files would be left out silently
+    (``os.walk`` skips it; found by fuzzing: half a dataset's rows read, no word)."""
+    told = unreadable(exc.filename, exc)
+    raise told or CorruptFileError(
+        f"{exc.filename}: the folder cannot be listed ({exc}); its files would be left out of "
+        "the dataset: mend it, or pass a glob or a list that leaves it out") from exc
+
+
+def _listed(pattern: str, fixed: int) -> None:
+    """Refuse a folder ``pattern``'s wildcards reach that cannot be listed: ``glob`` skips
+    it, and the files in it matched nothing, silently."""
+    parts = pattern.split(os.sep)
+    for k, part in enumerate(parts[:-1]):
+        if not _GLOB_CHARS & set(part):
+            continue
+        for folder in glob.glob(os.sep.join(parts[:k + 1]), recursive=True):
+            if os.path.isdir(folder) and not any(is_hidden(p) for p in
+                                                 folder[fixed:].split(os.sep) if p):
+                try:
+                    with os.scandir(folder):
+                        pass
+                except OSError as exc:
+                    _unlisted(exc)
 
 
 def _each_once(files: list[Path]) -> list[Path]:
@@ -84,10 +116,11 @@ def _glob(pattern: str) -> list[Path]:
         below = match[fixed:].split(os.sep)
         if any(is_hidden(part) for part in below if part):
             continue
-        if os.path.isfile(match):
-            out.append(Path(match))
-        elif os.path.isdir(match):  # Spark's "out/b.parquet/" is a folder of files (its rows
+        if os.path.isdir(match):  # Spark's "out/b.parquet/" is a folder of files (its rows
             out.extend(_walk(Path(match)))  # were left out: found in review)
+        else:  # a file; a broken link, a pipe...: refused as they are in a folder, not dropped
+            out.append(Path(match))
+    _listed(pattern, fixed)
     for folder in sorted({p.parent for p in out}):  # files of a write_dataset not finished
         if (folder / INCOMPLETE).exists():
             raise incomplete_error(str(folder))
@@ -120,8 +153,8 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
                     "and '.crc' files are skipped)"
                 )
             return files, path
-        if path.is_file():
-            return [path], None
+        if path.is_file() or os.path.lexists(path):  # a pipe, a broken link: refused when
+            return [path], None  # read, saying what it is
         raise DatasetNotFoundError(f"{path}: no such file or directory")
     if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
         if not source:

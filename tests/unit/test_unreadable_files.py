@@ -1,0 +1,136 @@
+"""Files and folders a dataset cannot read for no fault of their bytes: a folder or file this
+process may not read, a named pipe, a broken symbolic link, a loop of links. Each is refused
+by name, saying what it is; none is skipped (half a dataset's rows were read, no word), none
+hangs (a named pipe blocked the open forever), none is told as a corrupt file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import pqloader
+
+def _two_parts(root: Path, *, manifest: bool = True) -> Path:
+    for part in ("a", "b"):
+        pqloader.write_dataset(pa.table({"id": list(range(100))}), root / f"part={part}",
+                               rows_per_file=100)
+        if not manifest:
+            (root / f"part={part}" / "_pqloader_manifest.json").unlink()
+    return root
+
+
+def _as_reader_without_rights(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` where mode bits apply: as this user, or as root without the capabilities
+    that read past them (``setpriv``: root reads a folder of mode 000)."""
+    argv = [sys.executable, "-c", textwrap.dedent(code)]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv (util-linux) to read as root without its rights")
+        caps = "-dac_override,-dac_read_search,-fowner"
+        argv = ["setpriv", "--bounding-set", caps, "--inh-caps", caps, *argv]
+    src = str(Path(pqloader.__file__).parent.parent)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=100,
+                          env={**os.environ, "PYTHONPATH": src})
+
+
+_COUNT = """
+import sys, pqloader
+try:
+    ds = pqloader.ParquetDataset(sys.argv[1] if len(sys.argv) > 1 else {source!r})
+    print("rows", sum(len(b["id"]) for b in pqloader.DataLoader(ds, batch_size=64)))
+except pqloader.PQLoaderError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("glob", [False, True], ids=["folder", "glob"])
+def test_a_folder_that_cannot_be_listed_is_refused_not_skipped(tmp_path: Path,
+                                                               glob: bool) -> None:
+    root = _two_parts(tmp_path / "ds")
+    (root / "part=b").chmod(0)
+    try:
+        source = str(root / "**" / "*.parquet") if glob else str(root)
+        done = _as_reader_without_rights(_COUNT.format(source=source))
+    finally:
+        (root / "part=b").chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("PermissionDeniedError"), done.stdout  # was: rows 100
+    assert f"{root / 'part=b'}: permission denied" in done.stdout
+
+
+def test_a_dataset_folder_that_cannot_be_listed_is_no_empty_dataset(tmp_path: Path) -> None:
+    root = _two_parts(tmp_path / "ds")
+    root.chmod(0)
+    try:
+        done = _as_reader_without_rights(_COUNT.format(source=str(root)))
+    finally:
+        root.chmod(0o755)
+    assert done.stdout.startswith(f"PermissionDeniedError {root}: permission denied"), \
+        done.stdout + done.stderr  # was: "the directory holds no data file"
+
+
+@pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "footers"])
+def test_a_file_that_may_not_be_read_is_no_corrupt_file(tmp_path: Path, manifest: bool) -> None:
+    root = _two_parts(tmp_path / "ds", manifest=manifest)
+    (file,) = (root / "part=b").glob("*.parquet")
+    file.chmod(0)
+    try:
+        done = _as_reader_without_rights(_COUNT.format(source=str(root)))
+    finally:
+        file.chmod(0o644)
+    # was: "not a readable Parquet file ... remove it" (footers), "does not decode ... the
+    # file is corrupt or truncated" (manifest: read at the row group)
+    assert done.stdout.startswith(f"PermissionDeniedError {file}: permission denied"), \
+        done.stdout + done.stderr
+
+
+def test_a_csv_that_may_not_be_read_is_said_so(tmp_path: Path) -> None:
+    csv = tmp_path / "rows.csv"
+    csv.write_text("a,b\n1,2\n")
+    csv.chmod(0)
+    try:
+        done = _as_reader_without_rights(f"""
+            import sys
+            from pqloader._cli import main
+            sys.exit(main(["write", {str(csv)!r}, {str(tmp_path / "out")!r}]))
+        """)
+    finally:
+        csv.chmod(0o644)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{csv}: permission denied" in done.stderr
+    assert "guessed" not in done.stderr  # was: "make later values fit them"
+
+
+@pytest.mark.parametrize("how", ["folder", "glob", "file", "manifest"])
+def test_a_named_pipe_is_refused_not_waited_on(tmp_path: Path, how: str) -> None:
+    root = _two_parts(tmp_path / "ds", manifest=how == "manifest")
+    pipe = root / "part=a" / "part-99999.parquet"
+    os.mkfifo(pipe)
+    source = {"folder": root, "manifest": root, "glob": root / "*" / "*.parquet",
+              "file": pipe}[how]
+    with pytest.raises(pqloader.CorruptFileError, match="a named pipe"):
+        pqloader.ParquetDataset(source)
+
+
+@pytest.mark.parametrize("glob", [False, True], ids=["folder", "glob"])
+def test_a_broken_link_and_a_loop_of_links_are_refused_by_name(tmp_path: Path,
+                                                               glob: bool) -> None:
+    root = _two_parts(tmp_path / "ds", manifest=False)
+    source = root / "*" / "*.parquet" if glob else root
+    broken = root / "part=a" / "z.parquet"
+    broken.symlink_to(tmp_path / "gone.parquet")
+    with pytest.raises(pqloader.DatasetNotFoundError,
+                       match=f"{broken}: a symbolic link to .*gone.parquet.*does not exist"):
+        pqloader.ParquetDataset(source)  # the glob left it out, silently
+    broken.unlink()
+    loop = root / "part=a" / "y.parquet"
+    loop.symlink_to(loop)
+    with pytest.raises(pqloader.CorruptFileError, match=f"{loop}: a loop of symbolic links"):
+        pqloader.ParquetDataset(source)  # a folder raised a bare OSError; a glob left it out
