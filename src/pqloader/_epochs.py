@@ -12,6 +12,12 @@ over. A shuffled epoch begun again is warned of, once a loader.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Generator, Iterator
+from typing import TypeVar
+
+from ._errors import IncompleteEpochError
+
+T = TypeVar("T")
 
 
 class NextEpoch:
@@ -64,3 +70,40 @@ class NextEpoch:
         self._told = True
         warnings.warn(told, stacklevel=4)  # (begin, _next_epoch, __iter__: the caller's loop)
         return False
+
+
+class Pass(Iterator[T]):
+    """One pass's batches. Once an error ended it, the next ``next`` raises
+    :class:`IncompleteEpochError` (once; then the pass is over): a generator ends at its error,
+    so a loop that caught a batch's error and went on took the pass's end for the epoch's, its
+    other batches never delivered, without a word (found by fuzzing: 0 of 2,400 rows). Raised
+    again and again instead, such a loop would never end."""
+
+    def __init__(self, batches: Generator[T, None, None], yielded: Callable[[], int]) -> None:
+        self._batches = batches
+        self._yielded = yielded
+        self._failed: str | None = None  # the error, told (held, it held this pass's frame:
+        # a cycle that kept the loader and its workers until a garbage collection)
+
+    def __iter__(self) -> Pass[T]:
+        return self
+
+    def __next__(self) -> T:
+        if (failed := self._failed) is not None:
+            self._failed = None
+            raise IncompleteEpochError(
+                f"this pass ended at an error ({failed}) after "
+                f"{self._yielded():,} batches of its epoch; the others were not delivered. "
+                "Iterate the loader again to start the epoch over, or load its "
+                "state_dict() (it counts the batches delivered) to go on from the failed one")
+        try:
+            return next(self._batches)
+        except StopIteration:
+            raise
+        except Exception as exc:
+            self._failed = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def close(self) -> None:
+        """End the pass early, as a generator's ``close`` does (its workers stop)."""
+        self._batches.close()

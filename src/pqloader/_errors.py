@@ -13,6 +13,7 @@
     ├── DataError              (ValueError)         values no batch or filter can take
     ├── StateMismatchError     (ValueError)         a saved state of another dataset or settings
     ├── LoaderTimeoutError     (TimeoutError)       no batch within ``timeout`` seconds
+    ├── IncompleteEpochError   (RuntimeError)       a batch asked of a pass an error ended
     └── RemoteIOError          (OSError)            a remote read that failed for good
 
 Each message names the file, row group, column or argument at fault and says what to do.
@@ -77,6 +78,11 @@ class StateMismatchError(PQLoaderError, ValueError):
 
 class LoaderTimeoutError(PQLoaderError, TimeoutError):
     """No batch arrived within the loader's ``timeout`` seconds."""
+
+
+class IncompleteEpochError(PQLoaderError, RuntimeError):
+    """A pass that an error ended was asked for another batch: the rest of its epoch was not
+    delivered (raised once, then the pass is over)."""
 
 
 class RemoteIOError(PQLoaderError, OSError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -23,7 +23,7 @@ from ._config import (
 )
 from ._deliver import Delivery, OncePerIndex
 from ._device import Placement, resolve_device
-from ._epochs import NextEpoch
+from ._epochs import NextEpoch, Pass
 from ._errors import (
     InvalidArgumentError,
     StateMismatchError,
@@ -360,6 +360,11 @@ class DataLoader:
         self._next.loaded(cursor.epoch, at_end=cursor.batches == saved[0].num_batches)
 
     def __iter__(self) -> Iterator[Any]:
+        """A pass over this rank's batches (lazy, as a generator: it begins at its first
+        ``next``); one that an error ended says so if asked for more (:class:`Pass`)."""
+        return Pass(self._pass(), lambda: self._batches)
+
+    def _pass(self) -> Generator[Any, None, None]:
         check_world(self.config.world, "DataLoader")
         self._next_epoch()
         settings = self._planner.settings(self._plan_workers)

@@ -321,3 +321,36 @@ def test_forked_worker_processes_leave_no_named_semaphore(
     for _ in range(2):
         assert sum(len(b["id"]) for b in loader) == 400
     assert [n for n in named if n[1] == "semaphore"] == []
+
+
+@pytest.mark.parametrize("kw", [{"num_workers": 0}, {"num_workers": 2},
+                                {"num_workers": 2, "worker_type": "process"},
+                                {"num_workers": "auto"}],
+                         ids=["0", "threads", "processes", "auto"])
+def test_a_pass_an_error_ended_says_so_when_asked_for_more(tmp_path: Path,
+                                                           kw: dict[str, Any]) -> None:
+    """A loop that catches a batch's error and goes on took the pass's StopIteration for
+    the epoch's end: 0 of 2,400 rows, no word (found by fuzzing)."""
+    root = tmp_path / "ds"
+    pqloader.write_dataset(pa.table({"id": list(range(2400))}), root, rows_per_file=600,
+                           row_group_size=200)
+    shard = sorted(root.glob("part-*.parquet"))[1]
+    data = bytearray(shard.read_bytes())
+    data[300:364] = bytes(b ^ 0xFF for b in data[300:364])  # a data page of row group 0
+    shard.write_bytes(bytes(data))
+    loader = pqloader.DataLoader(pqloader.ParquetDataset(root), batch_size=100, shuffle=True,
+                                 seed=0, **kw)
+    for _ in range(2):  # a pass begun again meets the same error again
+        it, told = iter(loader), []
+        while True:
+            try:
+                next(it)
+            except StopIteration:
+                break
+            except pqloader.PQLoaderError as exc:
+                told.append(exc)
+        assert [type(e) for e in told] == [pqloader.CorruptFileError,
+                                           pqloader.IncompleteEpochError]
+        assert shard.name in str(told[0]) and f"CorruptFileError: {told[0]}" in str(told[1])
+        assert "the others were not delivered" in str(told[1])
+        assert loader.state_dict()["batches"] < len(loader)  # a resume goes on from there

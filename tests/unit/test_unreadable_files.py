@@ -17,6 +17,7 @@ import pytest
 
 import pqloader
 
+
 def _two_parts(root: Path, *, manifest: bool = True) -> Path:
     for part in ("a", "b"):
         pqloader.write_dataset(pa.table({"id": list(range(100))}), root / f"part={part}",
