@@ -326,9 +326,13 @@ def finish(stages: Stages, position: int, columns: Columns, *, epoch: int, rank:
     else:
         try:
             batch = to_torch(columns, stages.kinds)
-        except PQLoaderError as exc:  # text not UTF-8: the rows' row groups named
-            exc.add_note(f"in batch {number} of rank {rank}, epoch {epoch}"
-                         f"{rows_from(stages.reader.discovery, where)}")
+        except PQLoaderError as exc:  # text not UTF-8: the row group of its row named
+            if (row := getattr(exc, "row", None)) is not None:
+                exc.add_note(f"in batch {number} of rank {rank}, epoch {epoch}, row {row}"
+                             f"{rows_from(stages.reader.discovery, where, row=row)}")
+            else:
+                exc.add_note(f"in batch {number} of rank {rank}, epoch {epoch}"
+                             f"{rows_from(stages.reader.discovery, where)}")
             raise
     if stages.transform is not None:
         try:

@@ -18,10 +18,18 @@ if TYPE_CHECKING:
 _NAMED = 8  # row groups an error names (a read may join thousands)
 
 
-def rows_from(discovery: Discovery, parts: Sequence[tuple[Window, int, int]]) -> str:
+def rows_from(discovery: Discovery, parts: Sequence[tuple[Window, int, int]],
+              row: int | None = None) -> str:
     """The row groups a batch's rows were read from, for a collate_fn's or a transform's
     error: ``parts`` are (window, start, stop), positions in the window's emission order
-    (its permutation, made again here: errors are rare)."""
+    (its permutation, made again here: errors are rare). ``row``: that row's alone."""
+    said = "its rows are from "
+    if row is not None:
+        for window, start, stop in parts:
+            if row < stop - start:
+                parts, said = [(window, start + row, start + row + 1)], "it is from "
+                break
+            row -= stop - start
     try:
         named: dict[Slice, None] = {}
         for window, start, stop in parts:
@@ -33,8 +41,7 @@ def rows_from(discovery: Discovery, parts: Sequence[tuple[Window, int, int]]) ->
         return ""
     if not named:
         return ""
-    return "; its rows are from " + _named(
-        discovery, sorted(named, key=lambda s: (s.fragment, s.start)))
+    return "; " + said + _named(discovery, sorted(named, key=lambda s: (s.fragment, s.start)))
 
 
 def describe(discovery: Discovery, window: Window, column: pa.ChunkedArray | None = None

@@ -212,6 +212,29 @@ def test_text_that_is_not_utf8_is_named_by_file_row_group_and_column(tmp_path: P
         assert any("a.parquet: row group 0" in note for note in info.value.__notes__)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_text_that_is_not_utf8_in_a_batch_of_many_row_groups_names_its_own(
+        tmp_path: Path, workers: int) -> None:
+    """A shuffled batch mixes many row groups: the note named the batch's first 8 "and 120
+    row groups more", not the one holding the bad text (found by fuzzing)."""
+    import numpy as np
+
+    for f in range(8):
+        values = [f"row {i}".encode() for i in range(500)]
+        if f == 5:
+            values[433] = b"\xff\xfe bad"  # row group 8 of 10
+        raw = pa.array(values, pa.binary())
+        text = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())  # unvalidated
+        pq.write_table(pa.table({"id": np.arange(500) + 500 * f, "s": text}),
+                       tmp_path / f"part-{f}.parquet", row_group_size=50)
+    loader = pqloader.DataLoader(pqloader.ParquetDataset(tmp_path), batch_size=1024,
+                                 shuffle=True, seed=0, num_workers=workers)
+    with pytest.raises(pqloader.CorruptFileError, match="not UTF-8") as info:
+        list(loader)
+    (note,) = (n for n in info.value.__notes__ if "row group" in n)
+    assert note.endswith(f"; it is from {tmp_path / 'part-5.parquet'}: row group 8"), note
+
+
 def test_a_file_the_manifest_lists_that_is_missing_is_an_error(tmp_path: Path) -> None:
     """It was warned of, and the footers read: an epoch 1,000 rows short (found by fuzzing)."""
     pqloader.write_dataset(pa.table({"id": list(range(3000))}), tmp_path, rows_per_file=1000)
