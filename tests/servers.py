@@ -157,6 +157,19 @@ class _Processes:
                                    f"{self._log_tail()}")
             time.sleep(0.05)
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The server stopped (SIGSTOP) while the block runs: it accepts connections (the
+        kernel does) and never answers; SIGCONT after."""
+        procs = [p for p, _ in self._procs if p.poll() is None]
+        for proc in procs:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGCONT)
+
     def close(self) -> None:
         """Stop every process (SIGTERM, then SIGKILL after 10 s) and delete the folder."""
         procs, self._procs = self._procs, []

@@ -17,12 +17,24 @@ from typing import Any
 _AZURE = ("az", "abfs", "abfss")
 
 
-def own_retries(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+def own_retries(protocol: str, options: dict[str, Any], timeout_s: float = 60.0
+                ) -> dict[str, Any]:
     """``options`` with the backend's own retries turned off, unless the user set them.
 
     ``retries`` is left in for :func:`set_retries` where it is no option of the backend's.
+    ``timeout_s`` (the policy's per request): how long an HTTP request may wait on a server
+    that does not answer, listings' too (aiohttp's own is 5 min a request: a listing of a
+    server that stopped answering took the policy's ``attempts`` times that, found by
+    fuzzing), unless the user set ``client_kwargs={"timeout": ...}``.
     """
     options = dict(options)
+    if protocol in ("http", "https") and timeout_s > 0:
+        import aiohttp  # fsspec's HTTP filesystem needs it
+
+        client = dict(options.get("client_kwargs") or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(
+            total=None, sock_connect=min(10.0, timeout_s), sock_read=timeout_s))
+        options["client_kwargs"] = client
     if protocol in ("s3", "s3a"):
         options.setdefault("retries", 1)
         config = dict(options.get("config_kwargs") or {})

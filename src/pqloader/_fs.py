@@ -204,7 +204,7 @@ class Store:
             import fsspec
         except ImportError as exc:  # pragma: no cover - fsspec comes with the remote extras
             raise ImportError(_hint(self.protocol)) from exc
-        options = own_retries(self.protocol, self.storage_options)
+        options = own_retries(self.protocol, self.storage_options, self.retry.timeout_s)
         try:
             cls = fsspec.get_filesystem_class(self.protocol)
         except (ImportError, ValueError) as exc:

@@ -62,7 +62,8 @@ class RetryPolicy:
         attempts: tries in all, the first included.
         base_delay_s, max_delay_s: the backoff before retry ``k`` is uniform in
             ``[0, min(max_delay_s, base_delay_s * 2**k)]``.
-        timeout_s: per request; a slower one is abandoned and retried (0: none).
+        timeout_s: per request; a slower one is abandoned and retried (0: none). Over
+            HTTP also each request of a listing, and a connection's wait for the server.
         list_timeout_s: per listing of a prefix (many pages of 1,000 names each).
         max_concurrency: requests in flight per process, at most.
         part_bytes: ranges larger than this are fetched in parallel parts.

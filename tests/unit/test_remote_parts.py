@@ -499,3 +499,15 @@ def test_a_projection_with_small_gaps_is_fetched_once_and_cached_whole(
     cache = Cache(tmp_path / "cache")
     data_bytes(f"{nginx.url}/small.parquet", None, cache)
     assert data_bytes(f"{nginx.url}/small.parquet", ["a", "c"], cache) == 0  # a warm cache
+
+
+def test_listing_a_server_that_stopped_answering_gives_up_per_the_policy(
+        tmp_path: Path, nginx_files: Any) -> None:
+    """An HTTP folder's listing waited on a silent server for aiohttp's own 5 min a request,
+    whatever the policy's timeout_s: the policy's attempts times that (found by fuzzing)."""
+    pqloader.write_dataset(pa.table({"id": list(range(100))}), tmp_path / "ds")
+    nginx = nginx_files(tmp_path / "ds")
+    retry = RetryPolicy(attempts=2, timeout_s=1, max_delay_s=0.1)
+    with nginx.frozen(), pytest.raises(pqloader.RemoteIOError,
+                                       match=r"gave up after 2 attempts.*no answer in 1 s"):
+        pqloader.ParquetDataset(nginx.url + "/", retry=retry)
