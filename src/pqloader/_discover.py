@@ -33,7 +33,7 @@ from ._int96 import file_schema
 from ._manifest import match_manifest, read_manifest
 from ._schema import hive_partition, partition_schema, typed_first, unify
 from ._signed import redact
-from ._sizes import RowBytes, file_rows, fragment_bytes
+from ._sizes import RowBytes, file_rows, fragments_bytes
 from ._sources import expand_source, list_remote
 from ._stamps import Stamp
 from ._threads import executor
@@ -263,26 +263,28 @@ def _index(entries: list[FileEntry], schemas: list[tuple[str, pa.Schema]], group
     widened = _widened(schemas, full, len(groups))
     for i, (rows, sizes, per_row) in enumerate(groups):
         per_row = widen_row_bytes(per_row, widened[i])
-        shown = file_rows(per_row, schema.names)  # once a file: see FileRows
-        with_filter = file_rows(per_row, read) if read != schema.names else None
-        for rg, (n, size) in enumerate(zip(rows, sizes, strict=True)):
-            if n == 0:
-                continue
-            file_index.append(i)
-            row_group.append(rg)
-            num_rows.append(n)
-            byte_size.append(fragment_bytes(n, shown, size))
-            if read != schema.names:
-                read_bytes.append(fragment_bytes(n, with_filter, size))
+        n, encoded = np.asarray(rows, np.int64), np.asarray(sizes, np.int64)
+        kept = np.flatnonzero(n)  # a row group of no rows is no fragment
+        n, encoded = n[kept], encoded[kept]
+        file_index.append(np.full(len(kept), i, np.int32))
+        row_group.append(kept.astype(np.int32))
+        num_rows.append(n)
+        byte_size.append(fragments_bytes(n, file_rows(per_row, schema.names), encoded))
+        if read != schema.names:
+            read_bytes.append(fragments_bytes(n, file_rows(per_row, read), encoded))
+
+    def joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
     return Discovery(
         files=tuple(entries),
         schema=schema,
         partition_schema=part_schema,
-        file_index=np.asarray(file_index, dtype=np.int32),
-        row_group=np.asarray(row_group, dtype=np.int32),
-        num_rows=np.asarray(num_rows, dtype=np.int64),
-        byte_size=np.asarray(byte_size, dtype=np.int64),
-        read_bytes=np.asarray(read_bytes, dtype=np.int64) if read_bytes else None,
+        file_index=joined(file_index, np.int32),
+        row_group=joined(row_group, np.int32),
+        num_rows=joined(num_rows, np.int64),
+        byte_size=joined(byte_size, np.int64),
+        read_bytes=joined(read_bytes, np.int64) if any(len(p) for p in read_bytes) else None,
         widened=tuple(widened) if any(widened) else (),
         store=store,
         cache=cache,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -242,11 +243,21 @@ def fragment_bytes(rows: int, sizes: FileRows | None, encoded: int) -> int:
     a share of it by the file's row sizes was 4,000x off, and differed between a manifest
     and the footers, which measure other columns; a projection needs each row group's own
     column sizes in the index.)"""
+    return int(fragments_bytes(np.array([rows]), sizes, np.array([encoded]))[0])
+
+
+def fragments_bytes(rows: np.ndarray, sizes: FileRows | None, encoded: np.ndarray
+                    ) -> np.ndarray:
+    """:func:`fragment_bytes` of a file's row groups at once (int64): an index of 200,000
+    row groups made a call each took ~1 s to open."""
+    rows, encoded = np.asarray(rows, np.int64), np.asarray(encoded, np.int64)
     if sizes is None:
-        return encoded
-    if sizes.every and rows and sizes.total > 0 and encoded / rows > _HEAVIER * sizes.total:
-        return int(max(rows * sizes.wanted, encoded))
-    return int(rows * sizes.wanted)
+        return encoded.copy()
+    out = (rows * sizes.wanted).astype(np.int64)  # truncated, as int() does
+    if sizes.every and sizes.total > 0:
+        heavy = (rows > 0) & (encoded / np.maximum(rows, 1) > _HEAVIER * sizes.total)
+        out[heavy] = np.maximum(rows[heavy] * sizes.wanted, encoded[heavy]).astype(np.int64)
+    return out
 
 
 _HEAVIER = 2.0  # a row group's pages per row past this many times the file's row size
