@@ -6,6 +6,7 @@ import itertools
 import operator
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
@@ -104,6 +105,14 @@ class ParquetDataset:
             by Spark, carry them), so a corrupt page raises :class:`CorruptFileError` instead
             of decoding to wrong values. Off by default: it costs ~35-50% of decode time
             (measured), and pages without a CRC are not checked.
+        on_bad_file: ``"raise"`` (the default): a file whose footer cannot be read (not
+            Parquet, truncated or empty, not readable by this process, a broken link) is an
+            error naming it. ``"skip"``: such files are left out of the dataset, warned of,
+            and listed in :attr:`skipped_files` (Spark's ``ignoreCorruptFiles``; a remote
+            read that failed after its retries is still an error). Files are judged by
+            their footers when the dataset opens: a damaged page, or a file opened from the
+            manifest that is damaged later, is an error at its read. Ranks that skipped
+            other files open other datasets, which the ranks' check refuses.
 
     Footers are read in parallel when the dataset opens, or not at all when the folder holds
     the manifest that :func:`write_dataset` writes; no data is read until asked for.
@@ -115,15 +124,25 @@ class ParquetDataset:
     def __init__(self, source: Any, *, columns: Sequence[str] | None = None, filter: Any = None,
                  verify_checksums: bool = False, storage_options: dict[str, Any] | None = None,
                  filesystem: Any = None, cache: Cache | str | os.PathLike[str] | None = None,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None, on_bad_file: str = "raise") -> None:
         if isinstance(columns, str):
             raise InvalidArgumentError(f"columns must be a list of names, got {columns!r}")
+        if on_bad_file not in ("raise", "skip"):
+            raise InvalidArgumentError(f"on_bad_file={on_bad_file!r}: pass 'raise' (the "
+                                       "default) or 'skip'")
         source = lower_scheme(source)
         store = make_store(source, storage_options, filesystem, retry)
         if cache is not None and not isinstance(cache, Cache):
             cache = Cache(cache)
         discovery = measure_strings(discover(source, columns, filter=filter, store=store,
-                                             cache=cache if store is not None else None))
+                                             cache=cache if store is not None else None,
+                                             skip=on_bad_file == "skip"))
+        if skipped := discovery.skipped:
+            warnings.warn(
+                f"{len(skipped):,} of {len(skipped) + len(discovery.files):,} files left out "
+                f"(on_bad_file='skip'), their rows with them: {skipped[0][1]}"
+                f"{'' if len(skipped) == 1 else '; ...'} (ds.skipped_files lists them all)",
+                UserWarning, stacklevel=2)
         if discovery.filter is not None:
             discovery = count_kept(discovery)
         self.__setstate__({"discovery": discovery, "verify_checksums": bool(verify_checksums)})
@@ -159,6 +178,11 @@ class ParquetDataset:
     @property
     def files(self) -> list[str]:
         return [f.path for f in self._discovery.files]
+
+    @property
+    def skipped_files(self) -> dict[str, str]:
+        """``{file: why}`` of each file ``on_bad_file="skip"`` left out (empty otherwise)."""
+        return dict(self._discovery.skipped)
 
     @property
     def metadata(self) -> list[pq.FileMetaData]:
@@ -199,7 +223,8 @@ class ParquetDataset:
             cols += f", ... ({len(self.columns) - len(shown):,} more: ds.columns)"
         f = self._discovery.filter
         kept = "" if f is None else f" kept by filter {f.text}"
-        return (f"ParquetDataset({len(self):,} rows{kept}, {len(self.files)} files, "
+        skipped = f" ({len(self.skipped_files):,} skipped)" if self.skipped_files else ""
+        return (f"ParquetDataset({len(self):,} rows{kept}, {len(self.files)} files{skipped}, "
                 f"{self.num_row_groups} row groups; {cols})")
 
     # -- map-style access -------------------------------------------------------------------

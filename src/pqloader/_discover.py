@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar, cast
 from urllib.parse import unquote
 
 import numpy as np
@@ -16,12 +16,17 @@ import pyarrow.parquet as pq
 from ._cache import Cache
 from ._errors import (
     ColumnNotFoundError,
+    CorruptFileError,
+    DatasetNotFoundError,
+    EmptyDatasetError,
     InvalidArgumentError,
+    PermissionDeniedError,
     SchemaMismatchError,
 )
 from ._fetch import cached_ranges
 from ._filter import RowFilter
 from ._footers import (
+    LocalFooter,
     RowGroups,
     local_footers,
     read_footer,
@@ -41,6 +46,7 @@ from ._views import unviewed
 from ._widen import common_number, widened_bytes
 
 _MAX_FOOTER_THREADS = 32
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,8 @@ class Discovery:
     # per file: its columns of numbers read wider than stored, and how many times their bytes
     # grow (_widen.py); empty where none is (a manifest's dataset, files of one schema)
     widened: tuple[dict[str, float], ...] = ()
+    # (file, why) of each file on_bad_file="skip" left out
+    skipped: tuple[tuple[str, str], ...] = ()
 
     def held(self) -> np.ndarray:
         """Bytes a read of each fragment holds at once (decoded, before any filter)."""
@@ -109,22 +117,43 @@ def read_footers(entries: Sequence[FileEntry], store: Store | None = None,
 Groups = list[RowGroups]  # per file
 
 
+# What on_bad_file="skip" leaves out: a file whose footer cannot be read, for good (not
+# Parquet, truncated, empty; not readable by this process; a broken link). Not a remote read
+# that failed after its retries: the next opening may read it.
+_SKIPPED_LOCAL = (CorruptFileError, PermissionDeniedError, DatasetNotFoundError)
+_SKIPPED_REMOTE = (CorruptFileError,)
+
+
 def discover(source: object, columns: Sequence[str] | None = None, *, filter: Any = None,
-             store: Store | None = None, cache: Cache | None = None) -> Discovery:
+             store: Store | None = None, cache: Cache | None = None,
+             skip: bool = False) -> Discovery:
     """Open a source: list its files, read their footers in parallel, build the index.
 
     ``store`` is given for remote sources (URLs, or a user's filesystem); its footers and
     data go through ``cache`` when one is given. A ``filter`` is checked against the columns
-    and kept in the index; its rows are not counted here (no data is read here).
+    and kept in the index; its rows are not counted here (no data is read here). ``skip``:
+    files whose footer cannot be read are left out, as ``Discovery.skipped`` says.
     """
     if store is None:
-        entries, schemas, groups = _open_local(source)
+        entries, schemas, groups, skipped = _open_local(source, skip)
     else:
-        entries, schemas, groups = _open_remote(source, store, cache)
-    return _index(entries, schemas, groups, columns, filter, store, cache)
+        entries, schemas, groups, skipped = _open_remote(source, store, cache, skip)
+    if skipped and not entries:
+        raise EmptyDatasetError(f"{source}: every file was skipped (on_bad_file='skip'); the "
+                                f"first: {skipped[0][1]}")
+    return replace(_index(entries, schemas, groups, columns, filter, store, cache),
+                   skipped=tuple(skipped))
 
 
-def _open_local(source: object) -> tuple[list[FileEntry], list[tuple[str, pa.Schema]], Groups]:
+def _footers_kept(names: list[str], footers: Sequence[T | Exception]
+                  ) -> tuple[list[int], list[tuple[str, str]]]:
+    """The indices of the files whose footers were read, and (name, error) of the others."""
+    kept = [k for k, f in enumerate(footers) if not isinstance(f, Exception)]
+    return kept, [(names[k], str(f)) for k, f in enumerate(footers) if isinstance(f, Exception)]
+
+
+def _open_local(source: object, skip: bool = False) -> tuple[
+        list[FileEntry], list[tuple[str, pa.Schema]], Groups, list[tuple[str, str]]]:
     paths, root = expand_source(source)
     # absolute: a dataset opened by a relative path read nothing once the working folder
     # changed (os.chdir, some launchers do), found in review
@@ -138,19 +167,21 @@ def _open_local(source: object) -> tuple[list[FileEntry], list[tuple[str, pa.Sch
                              stamp=f.stamp) for f in manifest.files]
         schemas = [(entries[0].path, manifest.schema)]
         groups = [(f.row_group_rows, f.row_group_bytes, f.row_bytes) for f in manifest.files]
-    else:
-        footers = local_footers(paths)
-        entries = [
-            FileEntry(str(p), md, size, hive_partition(p, root), stamp=stamp)
-            for p, (md, size, _, _, stamp) in zip(paths, footers, strict=True)
-        ]
-        schemas = [(e.path, f[3]) for e, f in zip(entries, footers, strict=True)]
-        groups = [f[2] for f in footers]
-    return entries, schemas, groups
+        return entries, schemas, groups, []
+    read = local_footers(paths, _SKIPPED_LOCAL if skip else ())
+    kept, skipped = _footers_kept([str(p) for p in paths], read)
+    footers = [cast(LocalFooter, read[k]) for k in kept]
+    entries = [
+        FileEntry(str(p), md, size, hive_partition(p, root), stamp=stamp)
+        for p, (md, size, _, _, stamp) in zip([paths[k] for k in kept], footers, strict=True)
+    ]
+    schemas = [(e.path, f[3]) for e, f in zip(entries, footers, strict=True)]
+    return entries, schemas, [f[2] for f in footers], skipped
 
 
-def _open_remote(source: object, store: Store, cache: Cache | None
-                 ) -> tuple[list[FileEntry], list[tuple[str, pa.Schema]], Groups]:
+def _open_remote(source: object, store: Store, cache: Cache | None, skip: bool = False
+                 ) -> tuple[list[FileEntry], list[tuple[str, pa.Schema]], Groups,
+                            list[tuple[str, str]]]:
     objects, root, manifest_obj = list_remote(source, store)
     if any(o.size <= 0 for o in objects):  # listings without sizes (HTTP): ask each object
         with executor(min(_MAX_FOOTER_THREADS, len(objects)), "pqloader-list") as pool:
@@ -174,14 +205,25 @@ def _open_remote(source: object, store: Store, cache: Cache | None
                        for o, part in zip(objects, parts, strict=True)]
             groups = [(f.row_group_rows, f.row_group_bytes, f.row_bytes)
                       for f in manifest.files]
-            return entries, [(entries[0].path, manifest.schema)], groups
+            return entries, [(entries[0].path, manifest.schema)], groups, []
+
+    skipping = _SKIPPED_REMOTE if skip else ()
+
+    def footer(o: ObjectInfo) -> pq.FileMetaData | Exception:
+        try:
+            return remote_footer(store, cache, o)
+        except skipping as exc:
+            return exc
+
     workers = max(1, min(_MAX_FOOTER_THREADS, len(objects)))
     with executor(workers, "pqloader-footer") as pool:
-        footers = list(pool.map(lambda o: remote_footer(store, cache, o), objects))
-    entries = [FileEntry(store.url(o.path), md, o.size, part, o.version)
-               for o, md, part in zip(objects, footers, parts, strict=True)]
+        read = list(pool.map(footer, objects))
+    kept, skipped = _footers_kept([store.url(o.path) for o in objects], read)
+    footers = [cast(pq.FileMetaData, read[k]) for k in kept]
+    entries = [FileEntry(store.url(o.path), md, o.size, part, o.version) for o, md, part in
+               zip([objects[k] for k in kept], footers, [parts[k] for k in kept], strict=True)]
     schemas = [(e.path, file_schema(md)) for e, md in zip(entries, footers, strict=True)]
-    return entries, schemas, [row_groups(md) for md in footers]
+    return entries, schemas, [row_groups(md) for md in footers], skipped
 
 
 def widen_row_bytes(per_row: RowBytes | None, ratios: dict[str, float]) -> RowBytes | None:

@@ -110,12 +110,18 @@ def read_footer(path: Path) -> tuple[pq.FileMetaData, os.stat_result]:
     return checked(md, str(path)), st
 
 
-def local_footers(paths: list[Path]) -> list[LocalFooter]:
-    """Each file's footer, size, row groups and Arrow schema, read in parallel by chunks."""
-    def read(chunk: list[Path]) -> list[LocalFooter]:
-        out = []
+def local_footers(paths: list[Path], skip: tuple[type[Exception], ...] = ()
+                  ) -> list[LocalFooter | Exception]:
+    """Each file's footer, size, row groups and Arrow schema, read in parallel by chunks;
+    the error instead, for a file whose error is one of ``skip``."""
+    def read(chunk: list[Path]) -> list[LocalFooter | Exception]:
+        out: list[LocalFooter | Exception] = []
         for path in chunk:
-            md, st = read_footer(path)
+            try:
+                md, st = read_footer(path)
+            except skip as exc:
+                out.append(exc)
+                continue
             out.append((md, st.st_size, row_groups(md), file_schema(md), stamp_of(st)))
         return out
 

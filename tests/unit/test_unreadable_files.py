@@ -6,11 +6,13 @@ hangs (a named pipe blocked the open forever), none is told as a corrupt file.""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -135,3 +137,58 @@ def test_a_broken_link_and_a_loop_of_links_are_refused_by_name(tmp_path: Path,
     loop.symlink_to(loop)
     with pytest.raises(pqloader.CorruptFileError, match=f"{loop}: a loop of symbolic links"):
         pqloader.ParquetDataset(source)  # a folder raised a bare OSError; a glob left it out
+
+
+def _with_bad_files(root: Path) -> dict[str, str]:
+    """A dataset of 3 good files (300 rows) and bad ones beside: {name: what each is}."""
+    pqloader.write_dataset(pa.table({"id": list(range(300))}), root, rows_per_file=100)
+    (root / "_pqloader_manifest.json").unlink()  # judged by their footers
+    good = sorted(root.glob("part-*.parquet"))[0].read_bytes()
+    (root / "empty.parquet").write_bytes(b"")
+    (root / "notes.parquet").write_text("not parquet at all\n")
+    (root / "cut.parquet").write_bytes(good[:len(good) // 2])
+    (root / "link.parquet").symlink_to(root / "gone.parquet")
+    return {"empty.parquet": "too short|not a readable Parquet", "notes.parquet": "Parquet",
+            "cut.parquet": "Parquet", "link.parquet": "symbolic link"}
+
+
+def test_files_that_cannot_be_read_are_skipped_when_asked_and_counted(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    bad = _with_bad_files(root)
+    with pytest.raises(pqloader.PQLoaderError):
+        pqloader.ParquetDataset(root)  # the default: an error naming the first
+    with pytest.warns(UserWarning, match=r"4 of 7 files left out \(on_bad_file='skip'\)"):
+        ds = pqloader.ParquetDataset(root, on_bad_file="skip")
+    assert {Path(f).name for f in ds.skipped_files} == set(bad)
+    for file, why in ds.skipped_files.items():
+        assert re.search(bad[Path(file).name], why), (file, why)
+    assert len(ds) == 300 and "3 files (4 skipped)" in repr(ds)
+    ids = [i for b in pqloader.DataLoader(ds, batch_size=64, shuffle=True, num_workers=2)
+           for i in b["id"].tolist()]
+    assert sorted(ids) == list(range(300))
+    state = pqloader.DataLoader(ds, batch_size=64).state_dict()
+    (root / "cut.parquet").write_bytes((root / "part-00000.parquet").read_bytes())  # mended
+    with pytest.warns(UserWarning, match="3 of 7"):
+        mended = pqloader.ParquetDataset(root, on_bad_file="skip")
+    with pytest.raises(pqloader.StateMismatchError):  # other rows: not the state's dataset
+        pqloader.DataLoader(mended, batch_size=64).load_state_dict(state)
+
+
+def test_skipping_every_file_is_an_empty_dataset(tmp_path: Path) -> None:
+    (tmp_path / "a.parquet").write_bytes(b"")
+    with pytest.raises(pqloader.EmptyDatasetError, match="every file was skipped.*size is 0 bytes"):
+        pqloader.ParquetDataset(tmp_path, on_bad_file="skip")
+    with pytest.raises(pqloader.InvalidArgumentError, match="on_bad_file='ignore'"):
+        pqloader.ParquetDataset(tmp_path, on_bad_file="ignore")
+
+
+def test_a_remote_file_that_is_not_parquet_is_skipped_when_asked(tmp_path: Path,
+                                                                 nginx_files: Any) -> None:
+    root = tmp_path / "ds"
+    _with_bad_files(root)
+    (root / "link.parquet").unlink()  # (nginx answers 404 for it: an error, not skipped)
+    nginx = nginx_files(root)
+    with pytest.warns(UserWarning, match="3 of 6 files left out"):
+        ds = pqloader.ParquetDataset(nginx.url + "/", on_bad_file="skip")
+    assert len(ds) == 300 and {Path(f).name for f in ds.skipped_files} == \
+        {"empty.parquet", "notes.parquet", "cut.parquet"}
