@@ -29,9 +29,10 @@ T = TypeVar("T")
 
 
 def is_hidden(name: str) -> bool:
-    """Not data: ``_SUCCESS``, ``_metadata``, ``.crc`` files, ``_temporary/`` folders."""
+    """Not data: ``_SUCCESS``, ``_metadata``, ``.crc`` files, ``_temporary/`` folders, and a
+    volume's ``lost+found`` (owned by root: refused as a folder that cannot be listed)."""
     # The convention of Spark, Hive and pyarrow.dataset: _SUCCESS, _metadata, .crc are not data.
-    return name.startswith(("_", ".")) or name.endswith(".crc")
+    return name.startswith(("_", ".")) or name.endswith(".crc") or name == "lost+found"
 
 
 def _walk(root: Path) -> list[Path]:
@@ -62,20 +63,26 @@ def _unlisted(exc: OSError) -> None:
 
 
 def _listed(pattern: str, fixed: int) -> None:
-    """Refuse a folder ``pattern``'s wildcards reach that cannot be listed: ``glob`` skips
-    it, and the files in it matched nothing, silently."""
+    """Refuse a folder ``pattern``'s wildcards had to list and could not: ``glob`` skips it,
+    and the files in it matched nothing, silently. A folder is listed where the pattern's
+    next part is a wildcard (or below a ``**``); one the pattern only passes through by a
+    fixed name need not be listable (a home folder of mode 711 under ``/home/*/data``)."""
     parts = pattern.split(os.sep)
-    for k, part in enumerate(parts[:-1]):
-        if not _GLOB_CHARS & set(part):
+    seen: set[str] = set()
+    for k in range(len(parts) - 1):
+        if not _GLOB_CHARS & set(parts[k + 1]):
             continue
-        for folder in glob.glob(os.sep.join(parts[:k + 1]), recursive=True):
-            if os.path.isdir(folder) and not any(is_hidden(p) for p in
-                                                 folder[fixed:].split(os.sep) if p):
-                try:
-                    with os.scandir(folder):
-                        pass
-                except OSError as exc:
-                    _unlisted(exc)
+        prefix = os.sep.join(parts[:k + 2] if parts[k + 1] == "**" else parts[:k + 1])
+        for folder in glob.glob(prefix or os.sep, recursive=True):  # ("**": and below)
+            if folder in seen or not os.path.isdir(folder) or any(
+                    is_hidden(p) for p in folder[fixed:].split(os.sep) if p):
+                continue
+            seen.add(folder)
+            try:
+                with os.scandir(folder):
+                    pass
+            except OSError as exc:
+                _unlisted(exc)
 
 
 def _each_once(files: list[Path]) -> list[Path]:
@@ -145,7 +152,11 @@ def expand_source(source: object) -> tuple[list[Path], Path | None]:
                 raise EmptyDatasetError(f"{text}: the glob matches no file")
             return files, None
         path = Path(text)
-        if path.is_dir():
+        try:
+            is_dir = path.is_dir()  # a folder above it that may not be entered: EACCES
+        except OSError as exc:
+            raise unreadable(path, exc) or DatasetNotFoundError(f"{path}: {exc}") from exc
+        if is_dir:
             files = _walk(path)  # refuses a folder (or one below) write_dataset did not finish
             if not files:
                 raise EmptyDatasetError(

@@ -176,7 +176,8 @@ def test_files_that_cannot_be_read_are_skipped_when_asked_and_counted(tmp_path: 
 
 def test_skipping_every_file_is_an_empty_dataset(tmp_path: Path) -> None:
     (tmp_path / "a.parquet").write_bytes(b"")
-    with pytest.raises(pqloader.EmptyDatasetError, match="every file was skipped.*size is 0 bytes"):
+    with pytest.raises(pqloader.EmptyDatasetError,
+                       match=r"every file was skipped.*size is 0 bytes"):
         pqloader.ParquetDataset(tmp_path, on_bad_file="skip")
     with pytest.raises(pqloader.InvalidArgumentError, match="on_bad_file='ignore'"):
         pqloader.ParquetDataset(tmp_path, on_bad_file="ignore")
@@ -192,3 +193,32 @@ def test_a_remote_file_that_is_not_parquet_is_skipped_when_asked(tmp_path: Path,
         ds = pqloader.ParquetDataset(nginx.url + "/", on_bad_file="skip")
     assert len(ds) == 300 and {Path(f).name for f in ds.skipped_files} == \
         {"empty.parquet", "notes.parquet", "cut.parquet"}
+
+
+def test_a_glob_passes_through_a_folder_it_may_enter_but_not_list(tmp_path: Path) -> None:
+    """``/home/*/data/*.parquet`` with home folders of mode 711: the wildcard lists /home,
+    not the home folders, so they need not be listable (found in review of the check)."""
+    for name, ids in (("alice", [0, 1, 2]), ("bob", [3, 4])):
+        pqloader.write_dataset(pa.table({"id": ids}), tmp_path / name / "data")
+    (tmp_path / "lost+found").mkdir(mode=0)  # a volume's: no data, never listed
+    (tmp_path / "alice").chmod(0o311)  # enter, not list
+    try:
+        done = _as_reader_without_rights(_COUNT.format(
+            source=str(tmp_path / "*" / "data" / "*.parquet")))
+    finally:
+        (tmp_path / "alice").chmod(0o755)
+    assert done.stdout.strip() == "rows 5", done.stdout + done.stderr
+    for source in (tmp_path, tmp_path / "*" / "*" / "*.parquet", tmp_path / "**" / "*.parquet"):
+        found = _as_reader_without_rights(_COUNT.format(source=str(source)))
+        assert found.stdout.strip() == "rows 5", found.stdout + found.stderr
+
+
+def test_a_source_below_a_folder_that_may_not_be_entered_is_said_so(tmp_path: Path) -> None:
+    root = _two_parts(tmp_path / "sealed" / "ds")
+    (tmp_path / "sealed").chmod(0o600)  # no x: nothing below can be reached
+    try:
+        done = _as_reader_without_rights(_COUNT.format(source=str(root)))
+    finally:
+        (tmp_path / "sealed").chmod(0o755)
+    assert done.stdout.startswith(f"PermissionDeniedError {root}: permission denied"), \
+        done.stdout + done.stderr  # was a bare PermissionError from pathlib
