@@ -43,6 +43,18 @@ def _as_reader_without_rights(code: str) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "PYTHONPATH": src})
 
 
+def _count_while(path: Path, mode: int, source: Path | str) -> str:
+    """What a reader without rights gets of ``source`` (its rows, or its error) while
+    ``path`` has mode ``mode`` (restored to 755, files' to 644, after)."""
+    restore = 0o755 if path.is_dir() else 0o644
+    path.chmod(mode)
+    try:
+        done = _as_reader_without_rights(_COUNT.format(source=str(source)))
+    finally:
+        path.chmod(restore)
+    return done.stdout + done.stderr
+
+
 _COUNT = """
 import sys, pqloader
 try:
@@ -57,41 +69,26 @@ except pqloader.PQLoaderError as exc:
 def test_a_folder_that_cannot_be_listed_is_refused_not_skipped(tmp_path: Path,
                                                                glob: bool) -> None:
     root = _two_parts(tmp_path / "ds")
-    (root / "part=b").chmod(0)
-    try:
-        source = str(root / "**" / "*.parquet") if glob else str(root)
-        done = _as_reader_without_rights(_COUNT.format(source=source))
-    finally:
-        (root / "part=b").chmod(0o755)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("PermissionDeniedError"), done.stdout  # was: rows 100
-    assert f"{root / 'part=b'}: permission denied" in done.stdout
+    told = _count_while(root / "part=b", 0, root / "**" / "*.parquet" if glob else root)
+    assert told.startswith(f"PermissionDeniedError {root / 'part=b'}: permission denied"), \
+        told  # was: rows 100
 
 
 def test_a_dataset_folder_that_cannot_be_listed_is_no_empty_dataset(tmp_path: Path) -> None:
     root = _two_parts(tmp_path / "ds")
-    root.chmod(0)
-    try:
-        done = _as_reader_without_rights(_COUNT.format(source=str(root)))
-    finally:
-        root.chmod(0o755)
-    assert done.stdout.startswith(f"PermissionDeniedError {root}: permission denied"), \
-        done.stdout + done.stderr  # was: "the directory holds no data file"
+    told = _count_while(root, 0, root)
+    assert told.startswith(f"PermissionDeniedError {root}: permission denied"), \
+        told  # was: "the directory holds no data file"
 
 
 @pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "footers"])
 def test_a_file_that_may_not_be_read_is_no_corrupt_file(tmp_path: Path, manifest: bool) -> None:
     root = _two_parts(tmp_path / "ds", manifest=manifest)
     (file,) = (root / "part=b").glob("*.parquet")
-    file.chmod(0)
-    try:
-        done = _as_reader_without_rights(_COUNT.format(source=str(root)))
-    finally:
-        file.chmod(0o644)
+    told = _count_while(file, 0, root)
     # was: "not a readable Parquet file ... remove it" (footers), "does not decode ... the
     # file is corrupt or truncated" (manifest: read at the row group)
-    assert done.stdout.startswith(f"PermissionDeniedError {file}: permission denied"), \
-        done.stdout + done.stderr
+    assert told.startswith(f"PermissionDeniedError {file}: permission denied"), told
 
 
 def test_a_csv_that_may_not_be_read_is_said_so(tmp_path: Path) -> None:
@@ -201,13 +198,8 @@ def test_a_glob_passes_through_a_folder_it_may_enter_but_not_list(tmp_path: Path
     for name, ids in (("alice", [0, 1, 2]), ("bob", [3, 4])):
         pqloader.write_dataset(pa.table({"id": ids}), tmp_path / name / "data")
     (tmp_path / "lost+found").mkdir(mode=0)  # a volume's: no data, never listed
-    (tmp_path / "alice").chmod(0o311)  # enter, not list
-    try:
-        done = _as_reader_without_rights(_COUNT.format(
-            source=str(tmp_path / "*" / "data" / "*.parquet")))
-    finally:
-        (tmp_path / "alice").chmod(0o755)
-    assert done.stdout.strip() == "rows 5", done.stdout + done.stderr
+    told = _count_while(tmp_path / "alice", 0o311, tmp_path / "*" / "data" / "*.parquet")
+    assert told.strip() == "rows 5", told  # (0o311: enter, not list)
     for source in (tmp_path, tmp_path / "*" / "*" / "*.parquet", tmp_path / "**" / "*.parquet"):
         found = _as_reader_without_rights(_COUNT.format(source=str(source)))
         assert found.stdout.strip() == "rows 5", found.stdout + found.stderr
@@ -215,10 +207,6 @@ def test_a_glob_passes_through_a_folder_it_may_enter_but_not_list(tmp_path: Path
 
 def test_a_source_below_a_folder_that_may_not_be_entered_is_said_so(tmp_path: Path) -> None:
     root = _two_parts(tmp_path / "sealed" / "ds")
-    (tmp_path / "sealed").chmod(0o600)  # no x: nothing below can be reached
-    try:
-        done = _as_reader_without_rights(_COUNT.format(source=str(root)))
-    finally:
-        (tmp_path / "sealed").chmod(0o755)
-    assert done.stdout.startswith(f"PermissionDeniedError {root}: permission denied"), \
-        done.stdout + done.stderr  # was a bare PermissionError from pathlib
+    told = _count_while(tmp_path / "sealed", 0o600, root)  # no x: nothing below reached
+    assert told.startswith(f"PermissionDeniedError {root}: permission denied"), \
+        told  # was a bare PermissionError from pathlib
