@@ -41,12 +41,12 @@ _WRITE_DEFAULTS = {name: p.default  # one source of truth: write_dataset's own d
 
 # -- inspect ---------------------------------------------------------------------------------
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    facts = inspect_dataset(args.path, args.columns)
+    facts = inspect_dataset(args.path, args.columns, args.skip_bad_files)
     if args.json:
         print(json.dumps(facts))
     else:
         print_inspect(facts)
-    return 0
+    return 1 if facts.get("skipped") else 0
 
 
 # -- write -----------------------------------------------------------------------------------
@@ -275,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--columns", type=_names, metavar="A,B",
                      help="only these columns (schema and bytes)")
     ins.add_argument("--json", action="store_true", help="print one JSON object")
+    ins.add_argument("--skip-bad-files", action="store_true",
+                     help="list every file that cannot be read (exit status 1 if any), not "
+                          "stop at the first; the others are inspected")
     ins.set_defaults(run=_cmd_inspect, parser=ins)
 
     wr = commands.add_parser("write", help="CSV, JSON lines or Parquet in; sharded Parquet out")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -44,9 +45,14 @@ def _file_facts(path: str, md: pq.FileMetaData, columns: set[str] | None) -> dic
             "compression": sorted(codecs)}
 
 
-def inspect_dataset(source: str, columns: list[str] | None = None) -> dict[str, Any]:
-    """The facts ``pqloader inspect`` prints, as one JSON-serialisable dict."""
-    ds = pqloader.ParquetDataset(source, columns=columns)
+def inspect_dataset(source: str, columns: list[str] | None = None,
+                    skip_bad_files: bool = False) -> dict[str, Any]:
+    """The facts ``pqloader inspect`` prints, as one JSON-serialisable dict; with
+    ``skip_bad_files``, the files that cannot be read under ``"skipped"`` (each with why)."""
+    with warnings.catch_warnings():  # the skipped files are listed, not warned of
+        warnings.filterwarnings("ignore", message=".*on_bad_file='skip'")
+        ds = pqloader.ParquetDataset(source, columns=columns,
+                                     on_bad_file="skip" if skip_bad_files else "raise")
     wanted = None if columns is None else set(columns)
     files = [_file_facts(redact(p), md, wanted)  # a signed URL's secrets are for reading
              for p, md in zip(ds.files, ds.metadata, strict=True)]
@@ -56,7 +62,8 @@ def inspect_dataset(source: str, columns: list[str] | None = None) -> dict[str, 
     return {"path": redact(str(source)), "num_files": len(files), **totals,
             "compression": codecs,
             "schema": [{"name": n, "type": str(t)} for n, t in ds.columns.items()],
-            "files": files}
+            "files": files, **({"skipped": [{"path": redact(p), "why": why} for p, why in
+                                            ds.skipped_files.items()]} if skip_bad_files else {})}
 
 
 def print_inspect(facts: dict[str, Any]) -> None:
@@ -78,3 +85,7 @@ def print_inspect(facts: dict[str, Any]) -> None:
               f"{human_bytes(f['compressed_bytes']):>10}")
     if len(facts["files"]) > len(shown):
         print(f"... {len(facts['files']) - len(shown):,} more")
+    if skipped := facts.get("skipped"):
+        print(f"skipped       {len(skipped):,} files that cannot be read:")
+        for f in skipped:
+            print(f"  {f['why']}")

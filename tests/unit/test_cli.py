@@ -151,6 +151,29 @@ def test_inspect_non_parquet_file_fails_naming_it(tmp_path, capsys) -> None:
     assert err.startswith("pqloader: ") and str(bogus) in err and "Parquet" in err
 
 
+def test_inspect_can_list_every_file_that_cannot_be_read(make_dataset, capsys) -> None:
+    """Without it, a dataset of several bad files showed them one at a time: mend, rerun."""
+    root = make_dataset(ROWS, rows_per_file=300, row_group_size=100)
+    (root / "_pqloader_manifest.json").unlink(missing_ok=True)
+    (root / "empty.parquet").write_bytes(b"")
+    (root / "notes.parquet").write_text("no Parquet\n")
+    code, _, err = run(capsys, "inspect", root)
+    assert code == 1 and "empty.parquet" in err  # the first, as before
+    code, out, err = run(capsys, "inspect", root, "--skip-bad-files")
+    assert code == 1 and err == "", err
+    assert "skipped       2 files that cannot be read:" in out and f"rows          {ROWS:,}" in out
+    assert str(root / "empty.parquet") in out and str(root / "notes.parquet") in out
+    code, out, _ = run(capsys, "inspect", root, "--skip-bad-files", "--json")
+    facts = json.loads(out)
+    assert code == 1 and facts["num_rows"] == ROWS
+    assert sorted(Path(f["path"]).name for f in facts["skipped"]) == ["empty.parquet",
+                                                                      "notes.parquet"]
+    (root / "empty.parquet").unlink()
+    (root / "notes.parquet").unlink()
+    code, out, _ = run(capsys, "inspect", root, "--skip-bad-files", "--json")
+    assert code == 0 and json.loads(out)["skipped"] == []
+
+
 # -- write ---------------------------------------------------------------------------------------
 def test_write_csv_round_trip(tmp_path, capsys) -> None:
     src, dst = write_csv(tmp_path / "in.csv", 500), tmp_path / "out"
