@@ -152,4 +152,8 @@ def unreadable(path: str | os.PathLike[str], exc: OSError) -> PQLoaderError | No
         return DatasetNotFoundError(
             f"{path}: a symbolic link to {os.readlink(path)!r}, which does not "
             "exist; mend the link or remove it")
+    if isinstance(exc, FileNotFoundError):  # listed, then gone
+        return DatasetNotFoundError(
+            f"{path}: the file went while the dataset was being opened ({exc}); a write may "
+            "be replacing the dataset: open it again once it is done")
     return None

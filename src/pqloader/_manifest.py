@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._errors import CorruptFileError, DatasetNotFoundError, regular, unreadable
+from ._errors import CorruptFileError
 from ._int96 import file_schema
 from ._samples import measure, measure_files
 from ._sizes import RowBytes, Sample, has_bytes, row_bytes
@@ -119,15 +119,8 @@ def read_manifest(root: Path, paths: list[Path]) -> Manifest | None:
         by_name[s[len(prefix):] if s.startswith(prefix) else os.path.relpath(s, root)] = p
     try:
         stats = {name: os.stat(p) for name, p in by_name.items()}
-    except OSError as exc:  # was raised bare (found in review)
-        if (told := unreadable(exc.filename, exc)) is not None or \
-                not isinstance(exc, FileNotFoundError):
-            raise told or CorruptFileError(f"{exc.filename}: {exc}") from exc
-        raise DatasetNotFoundError(
-            f"{exc.filename}: the file went while the dataset was being opened ({exc}); a "
-            "write may be replacing the dataset: open it again once it is done") from exc
-    for name, st in stats.items():  # a named pipe with the manifest's size 0 blocked a read
-        regular(by_name[name], st)
+    except OSError:  # gone, a broken link, unreadable: the manifest does not describe the
+        return None  # files; their footers say what each is (or on_bad_file="skip" skips it)
     return match_manifest(text, str(file), {name: st.st_size for name, st in stats.items()},
                           by_name.__getitem__, {name: stamp_of(st) for name, st in stats.items()})
 

@@ -117,6 +117,9 @@ def test_a_named_pipe_is_refused_not_waited_on(tmp_path: Path, how: str) -> None
               "file": pipe}[how]
     with pytest.raises(pqloader.CorruptFileError, match="a named pipe"):
         pqloader.ParquetDataset(source)
+    if how != "file":  # (a manifest never lists a file of size 0, as a pipe's is)
+        with pytest.warns(UserWarning, match="1 of 3 files left out"):
+            assert len(pqloader.ParquetDataset(source, on_bad_file="skip")) == 200
 
 
 @pytest.mark.parametrize("glob", [False, True], ids=["folder", "glob"])
@@ -210,3 +213,14 @@ def test_a_source_below_a_folder_that_may_not_be_entered_is_said_so(tmp_path: Pa
     told = _count_while(tmp_path / "sealed", 0o600, root)  # no x: nothing below reached
     assert told.startswith(f"PermissionDeniedError {root}: permission denied"), \
         told  # was a bare PermissionError from pathlib
+
+
+def test_a_broken_link_beside_a_manifest_is_skipped_when_asked(tmp_path: Path) -> None:
+    """The manifest's check of the files' sizes raised for the link before any footer was
+    read, so on_bad_file="skip" could not skip it."""
+    root = _two_parts(tmp_path / "ds")
+    (root / "part=a" / "z.parquet").symlink_to(tmp_path / "gone.parquet")
+    with pytest.raises(pqloader.DatasetNotFoundError, match="a symbolic link"):
+        pqloader.ParquetDataset(root)
+    with pytest.warns(UserWarning, match="1 of 3 files left out"):
+        assert len(pqloader.ParquetDataset(root, on_bad_file="skip")) == 200
