@@ -24,7 +24,6 @@ from ._plan import (
     walk,
     whole,
 )
-from ._slices import Slice
 
 
 def remaining(old: list[RankPlan], batches_done: int) -> list[Segment]:
@@ -71,19 +70,7 @@ _ROW_BITS = 40  # a row's id: fragment << _ROW_BITS | row in the fragment
 def _rows_once(delivered: list[Segment], left: list[Segment]) -> list[Segment]:
     """``left`` without the rows that another window holds too (a fresh epoch's padding):
     each once, and none that ``delivered`` holds. Only windows that share rows are permuted."""
-    owners: dict[int, list[tuple[int, int, Window]]] = {}
-    for window in {s.window for s in (*delivered, *left)}:
-        for sl in window.slices:
-            owners.setdefault(sl.fragment, []).append((sl.start, sl.stop, window))
-    shared: set[Window] = set()
-    for spans in owners.values():
-        spans.sort(key=lambda x: (x[0], x[1]))
-        reach, holder = -1, None
-        for start, stop, window in spans:
-            if start < reach and window is not holder:
-                shared.update((window, holder))  # type: ignore[arg-type]
-            if stop > reach:
-                reach, holder = stop, window
+    shared = shared_windows(list({s.window for s in (*delivered, *left)}))
     if not shared:
         return left
     emitted: dict[Window, np.ndarray] = {}
@@ -114,6 +101,32 @@ def _rows_once(delivered: list[Segment], left: list[Segment]) -> list[Segment]:
         out.extend(Segment(segment.window, segment.start + int(a), segment.start + int(b))
                    for a, b in zip(edges[::2], edges[1::2], strict=True))
     return out
+
+
+def shared_windows(windows: list[Window]) -> set[Window]:
+    """The windows that hold a row another of ``windows`` holds too. Each row group's slices
+    in order of (start, stop): one that starts before the furthest stop so far, of another
+    window than the one that reached it, overlaps it. With arrays (a loop over the slices of
+    an elastic resume of 1M row groups took seconds)."""
+    if len(windows) < 2:
+        return set()
+    held = [w.arrays for w in windows]
+    fragment, start, stop = (np.concatenate([getattr(h, name) for h in held])
+                             for name in ("fragments", "starts", "stops"))
+    window = np.repeat(np.arange(len(windows)), [len(h) for h in held])
+    by = np.lexsort((stop, start, fragment))
+    fragment, start, stop, window = fragment[by], start[by], stop[by], window[by]
+    dense = np.unique(fragment, return_inverse=True)[1].reshape(-1)  # each row group's own
+    bits = int(stop.max()).bit_length()  # a row group's stops below 2**bits
+    reach = np.maximum.accumulate((dense << bits) | stop)  # the furthest stop so far (a row
+    # group's first slice passes every earlier one: its number is larger)
+    rose = np.concatenate([[True], reach[1:] > reach[:-1]])
+    holder = window[np.maximum.accumulate(np.where(rose, np.arange(len(rose)), 0))]
+    mask = (1 << bits) - 1
+    overlaps = np.flatnonzero((dense[1:] == dense[:-1]) & (start[1:] < (reach[:-1] & mask))
+                              & (window[1:] != holder[:-1])) + 1
+    return {windows[int(k)] for k in {*window[overlaps].tolist(),
+                                        *holder[overlaps - 1].tolist()}}
 
 
 def _first(segments: tuple[Segment, ...], rows: int) -> list[Segment]:
@@ -174,14 +187,13 @@ def recut(segments: list[Segment], window_rows: int) -> list[Segment]:
                 window.num_rows - window.slices[-1].num_rows < window_rows:
             out.append(segment)
             continue
-        group: list[Slice] = []
-        rows, part, last = 0, 1, len(window.slices) - 1
-        for i, sl in enumerate(window.slices):
-            group.append(sl)
-            rows += sl.num_rows
-            if rows >= window_rows or i == last:
-                out.append(whole(Window(tuple(group), (*window.key, part))))
-                group, rows, part = [], 0, part + 1
+        held = window.arrays
+        ends = np.cumsum(held.rows())  # rows up to and with each slice
+        i, part = 0, 1
+        while i < len(held):  # each part closes on the slice that brings it to window_rows
+            j = int(np.searchsorted(ends, (ends[i - 1] if i else 0) + window_rows)) + 1
+            out.append(whole(Window(held[i:min(j, len(held))], (*window.key, part))))
+            i, part = j, part + 1
     return out
 
 

@@ -22,6 +22,7 @@ from pqloader._plan import (
     walk,
 )
 from pqloader._reads import IN_ORDER_BYTES, in_order_reads
+from pqloader._remainder import shared_windows
 from pqloader._slices import Slice, Slices
 
 
@@ -222,8 +223,8 @@ def test_slices_behave_as_the_tuple_they_stand_for(spans: list[tuple[int, int, i
     held = Slices([s.fragment for s in spelled], [s.start for s in spelled],
                   [s.stop for s in spelled])
     assert tuple(held) == spelled and len(held) == len(spelled)
-    assert held == spelled and spelled == held and hash(held) == hash(spelled)
-    assert held[start:stop:step] == spelled[start:stop:step]
+    assert held == Slices.of(spelled) and hash(held) == hash(Slices.of(spelled))
+    assert tuple(held[start:stop:step]) == spelled[start:stop:step]
     for i in range(-len(spelled), len(spelled)):
         assert held[i] == spelled[i]
     window = Window(spelled, None)
@@ -296,3 +297,30 @@ def test_in_order_reads_join_the_slices_one_by_one_would(w: dict, held: list[int
             assert spelled == _joined_one_by_one(segments, w["window_rows"], np.array(held))
             assert all(r.window.key is not None or (r.start, r.stop) ==
                        (0, r.window.num_rows) for r in got)
+
+
+def _shared_one_by_one(windows: list[Window]) -> set[Window]:
+    """:func:`shared_windows` as a loop over each row group's slices (as it was written)."""
+    owners: dict[int, list[tuple[int, int, int]]] = {}
+    for k, window in enumerate(windows):
+        for s in window.slices:
+            owners.setdefault(s.fragment, []).append((s.start, s.stop, k))
+    shared: set[int] = set()
+    for spans in owners.values():
+        reach, holder = -1, -1
+        for start, stop, k in sorted(spans):
+            if start < reach and k != holder:
+                shared.update((k, holder))
+            if stop > reach:
+                reach, holder = stop, k
+    return {windows[k] for k in shared}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 30), st.integers(1, 30)),
+                         min_size=1, max_size=6), max_size=6))
+def test_shared_windows_are_those_one_by_one_finds(spans: list[list[tuple[int, int, int]]]
+                                                   ) -> None:
+    windows = [Window(tuple(Slice(f, a, a + n) for f, a, n in w), (k,))
+               for k, w in enumerate(spans)]
+    assert shared_windows(windows) == _shared_one_by_one(windows)
