@@ -113,6 +113,8 @@ def shared_windows(windows: list[Window]) -> set[Window]:
     held = [w.arrays for w in windows]
     fragment, start, stop = (np.concatenate([getattr(h, name) for h in held])
                              for name in ("fragments", "starts", "stops"))
+    if not len(stop):
+        return set()
     window = np.repeat(np.arange(len(windows)), [len(h) for h in held])
     by = np.lexsort((stop, start, fragment))
     fragment, start, stop, window = fragment[by], start[by], stop[by], window[by]
