@@ -4,6 +4,7 @@ those in lists, structs and maps (a ``list<string>`` of tags: 9x undercounted)."
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -13,7 +14,7 @@ from ._discover import Discovery, read_columns, widen_row_bytes
 from ._errors import PQLoaderError
 from ._read import FragmentReader
 from ._samples import measure, measure_files
-from ._sizes import Sample, file_rows, fragment_bytes, has_bytes, leaf_owners, row_bytes
+from ._sizes import Sample, file_rows, fragments_bytes, has_bytes, leaf_owners, row_bytes
 
 
 def measure_strings(d: Discovery) -> Discovery:
@@ -48,12 +49,16 @@ def measure_strings(d: Discovery) -> Discovery:
     per_file = [widen_row_bytes(row_bytes(md, own), d.widened[f] if d.widened else {})
                 for f, (md, own) in enumerate(zip(footers, samples, strict=True))]
 
+    ends = np.searchsorted(d.file_index, np.arange(len(footers) + 1))  # (in file order)
+
     def sizes(names: list[str]) -> np.ndarray:  # as _discover's index computes them
-        rows = [file_rows(per_row, names) for per_row in per_file]
-        return np.asarray([
-            fragment_bytes(n, rows[f], footers[f].row_group(rg).total_byte_size)
-            for f, rg, n in zip(d.file_index.tolist(), d.row_group.tolist(),
-                                d.num_rows.tolist(), strict=True)], dtype=np.int64)
+        parts = [np.zeros(0, np.int64)]
+        for md, per_row, (a, b) in zip(footers, per_file, itertools.pairwise(ends), strict=True):
+            assert md is not None  # every file's footer: the first's is
+            encoded = [md.row_group(rg).total_byte_size for rg in d.row_group[a:b].tolist()]
+            parts.append(fragments_bytes(d.num_rows[a:b], file_rows(per_row, names),
+                                         np.array(encoded, dtype=np.int64)))
+        return np.concatenate(parts).astype(np.int64)
 
     read = read_columns(d.schema.names, d.filter, d.partition_schema.names)
     return replace(d, byte_size=sizes(d.schema.names),

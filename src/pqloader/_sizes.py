@@ -229,9 +229,11 @@ def file_rows(per_row: RowBytes | None, columns: list[str]) -> FileRows | None:
                     per_row.keys() <= set(columns))
 
 
-def fragment_bytes(rows: int, sizes: FileRows | None, encoded: int) -> int:
-    """A row group's decoded size for the columns of ``sizes`` (:func:`file_rows`);
-    ``encoded`` (the footer's ``total_byte_size``) where the per-row sizes are unknown.
+def fragments_bytes(rows: np.ndarray, sizes: FileRows | None, encoded: np.ndarray
+                    ) -> np.ndarray:
+    """The decoded sizes (int64) of a file's row groups of ``rows`` rows for the columns of
+    ``sizes`` (:func:`file_rows`); ``encoded`` (the footers' ``total_byte_size``) where the
+    per-row sizes are unknown. A file at once: a call a row group took ~1 s to open 200,000.
 
     The per-row sizes are the file's, from its largest row group: a file whose row groups
     hold rows of very different sizes (sorted by length, say) had its heavy row groups sized
@@ -243,13 +245,6 @@ def fragment_bytes(rows: int, sizes: FileRows | None, encoded: int) -> int:
     a share of it by the file's row sizes was 4,000x off, and differed between a manifest
     and the footers, which measure other columns; a projection needs each row group's own
     column sizes in the index.)"""
-    return int(fragments_bytes(np.array([rows]), sizes, np.array([encoded]))[0])
-
-
-def fragments_bytes(rows: np.ndarray, sizes: FileRows | None, encoded: np.ndarray
-                    ) -> np.ndarray:
-    """:func:`fragment_bytes` of a file's row groups at once (int64): an index of 200,000
-    row groups made a call each took ~1 s to open."""
     rows, encoded = np.asarray(rows, np.int64), np.asarray(encoded, np.int64)
     if sizes is None:
         return encoded.copy()
