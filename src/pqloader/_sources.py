@@ -7,6 +7,7 @@ import glob
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -38,7 +39,7 @@ def is_hidden(name: str) -> bool:
 def _walk(root: Path) -> list[Path]:
     """Data files below ``root``, folders that are symbolic links included (a dataset
     assembled from links to runs' outputs); a link back up the tree is followed once."""
-    found: list[Path] = []
+    found: list[str] = []
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(root, onerror=_unlisted, followlinks=True):
         real = os.path.realpath(dirpath)
@@ -49,7 +50,7 @@ def _walk(root: Path) -> list[Path]:
         if INCOMPLETE in filenames:  # a partition folder a write_dataset did not finish
             raise incomplete_error(dirpath)
         dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
-        found.extend(Path(dirpath) / f for f in sorted(filenames) if not is_hidden(f))
+        found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if not is_hidden(f))
     return _each_once(found)
 
 
@@ -72,8 +73,11 @@ def _listed(pattern: str, fixed: int) -> None:
     for k in range(len(parts) - 1):
         if not _GLOB_CHARS & set(parts[k + 1]):
             continue
-        prefix = os.sep.join(parts[:k + 2] if parts[k + 1] == "**" else parts[:k + 1])
-        for folder in glob.glob(prefix or os.sep, recursive=True):  # ("**": and below)
+        # Matched as folders alone (a trailing separator): a prefix holding "**" gave every
+        # file below too, each then stat'ed (0.73 s of a glob of 20,000 files)
+        prefix = parts[:k + 2] if parts[k + 1] == "**" else parts[:k + 1]
+        for found in glob.glob(os.sep.join([*prefix, ""]), recursive=True):
+            folder = found.rstrip(os.sep) or found
             if folder in seen or not os.path.isdir(folder) or any(
                     is_hidden(p) for p in folder[fixed:].split(os.sep) if p):
                 continue
@@ -85,18 +89,36 @@ def _listed(pattern: str, fixed: int) -> None:
                 _unlisted(exc)
 
 
-def _each_once(files: list[Path]) -> list[Path]:
+def _each_once(files: list[str]) -> list[Path]:
     """``files`` less those that are another's link (or the same file by another path): its
     rows came twice an epoch, as a folder's two links to one folder do not (found in
     review). Read once, as that folder is; a list naming a file twice is refused."""
     seen: set[str] = set()
+    folders: dict[str, str] = {}
     out = []
     for path in files:
-        real = os.path.realpath(path)
+        real = _real(path, folders)
         if real not in seen:
             seen.add(real)
-            out.append(path)
+            out.append(Path(path))
     return out
+
+
+def _real(path: str, folders: dict[str, str]) -> str:
+    """``os.path.realpath(path)``, its folder's resolved once (``folders``): a file that is no
+    link is its real folder's entry. One ``lstat`` a file, where ``realpath`` took one a part
+    of its path and ~50 us of Python (1.8 of 3.2 s globbing 20,000 files, profiled)."""
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            return os.path.realpath(path)
+    except OSError:  # gone, or its folder may not be entered: as realpath does then
+        return os.path.realpath(path)
+    folder, name = os.path.split(path)
+    if name in ("", ".", ".."):
+        return os.path.realpath(path)
+    if folder not in folders:
+        folders[folder] = os.path.realpath(folder or os.curdir)
+    return os.path.join(folders[folder], name)
 
 
 def _once(items: list[T], key: Callable[[T], str]) -> list[T]:
@@ -118,19 +140,19 @@ def _glob(pattern: str) -> list[Path]:
     (Spark's ``_temporary/``), as opening the folder does."""
     fixed = len(os.path.dirname(pattern[:min(pattern.find(c) for c in _GLOB_CHARS
                                                if c in pattern)]))
-    out = []
+    out: list[str] = []
     for match in sorted(glob.glob(pattern, recursive=True)):
         below = match[fixed:].split(os.sep)
         if any(is_hidden(part) for part in below if part):
             continue
         if os.path.isdir(match):  # Spark's "out/b.parquet/" is a folder of files (its rows
-            out.extend(_walk(Path(match)))  # were left out: found in review)
+            out.extend(map(str, _walk(Path(match))))  # were left out: found in review)
         else:  # a file; a broken link, a pipe...: refused as they are in a folder, not dropped
-            out.append(Path(match))
+            out.append(match)
     _listed(pattern, fixed)
-    for folder in sorted({p.parent for p in out}):  # files of a write_dataset not finished
-        if (folder / INCOMPLETE).exists():
-            raise incomplete_error(str(folder))
+    for folder in sorted({os.path.dirname(p) for p in out}):  # a write_dataset not finished
+        if os.path.exists(os.path.join(folder, INCOMPLETE)):
+            raise incomplete_error(folder)
     return _each_once(out)  # also: "**" matches a folder and the files in it
 
 

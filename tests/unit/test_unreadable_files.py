@@ -208,6 +208,20 @@ def test_a_glob_passes_through_a_folder_it_may_enter_but_not_list(tmp_path: Path
         assert found.stdout.strip() == "rows 5", found.stdout + found.stderr
 
 
+def test_a_double_star_glob_refuses_a_folder_deep_below_it_cannot_list(tmp_path: Path
+                                                                       ) -> None:
+    """The check lists the folders below a ``**`` as folders alone (it listed every file
+    again, each stat'ed): a folder three levels down that cannot be listed is still refused,
+    and a hidden one (no data) is never looked at."""
+    for k in range(3):
+        pqloader.write_dataset(pa.table({"id": [k]}), tmp_path / f"a{k}" / "b" / "c")
+    (tmp_path / "a0" / ".cache").mkdir(mode=0)
+    source = tmp_path / "**" / "*.parquet"
+    assert _count_while(tmp_path / "a0" / ".cache", 0, source).strip() == "rows 3"
+    told = _count_while(tmp_path / "a1" / "b" / "c", 0, source)
+    assert told.startswith(f"PermissionDeniedError {tmp_path / 'a1' / 'b' / 'c'}"), told
+
+
 def test_a_source_below_a_folder_that_may_not_be_entered_is_said_so(tmp_path: Path) -> None:
     root = _two_parts(tmp_path / "sealed" / "ds")
     told = _count_while(tmp_path / "sealed", 0o600, root)  # no x: nothing below reached
