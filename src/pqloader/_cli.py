@@ -170,7 +170,8 @@ def _auto(result: BenchResult) -> str:
         return ""
     if result.auto_settled is None:
         return f" (still comparing thread counts, at {result.auto_threads} at the end)"
-    return f" (settled on {result.auto_settled} threads)"
+    n = result.auto_settled
+    return f" (settled on {n} thread{'' if n == 1 else 's'})"
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
