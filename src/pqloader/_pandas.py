@@ -57,6 +57,35 @@ def _check_unnamed_index(df: Any) -> None:
             "(df.reset_index(drop=True))")
 
 
+def _check_names(df: Any, names: list[str]) -> None:
+    """Refuse a named index level that has another level's name, or a column's and other
+    values (``set_index(col, drop=False)`` keeps both alike), and a name of the form pandas
+    gives unnamed levels (``__index_level_0__``): the level, or the column, was dropped
+    without a word (found by a round-trip fuzzer)."""
+    import pandas as pd
+
+    for name in [*names, *(str(n) for n in df.index.names if n is not None)]:
+        if _UNNAMED_INDEX.fullmatch(name):
+            raise DataError(
+                f"the DataFrame has a column or index level named {name!r}, the name pandas "
+                "gives an unnamed index level, which write_dataset leaves out: rename it "
+                f"(df.rename(columns={{{name!r}: 'new_name'}}), or df.rename_axis(...))")
+    seen: set[str] = set()
+    for level, raw in enumerate(df.index.names):
+        if raw is None:
+            continue  # a position, left out (_check_unnamed_index)
+        name = str(raw)
+        alike = name in names and names.count(name) == 1 and \
+            df.index.get_level_values(level).equals(pd.Index(df.iloc[:, names.index(name)]))
+        if name in seen or (name in names and not alike):
+            raise DataError(
+                f"the DataFrame's index level {name!r} has the name of "
+                f"{'another level' if name in seen else 'a column with other values'}; "
+                "written beside it, one of the two would be lost: rename the level "
+                "(df.rename_axis(...)) or drop it (df.reset_index(drop=True))")
+        seen.add(name)
+
+
 def pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     # Column names that are not str (pd.DataFrame(array) names them 0, 1, ...): the schema
     # names them as str, and each chunk's columns must be named so for pyarrow to find them
@@ -70,6 +99,7 @@ def pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.Rec
     # data: pandas' to_parquet would write it as "__index_level_0__", a column in every
     # batch that nobody asked for; it is left out.
     _check_unnamed_index(df)
+    _check_names(df, names)
     try:
         schema = pa.Schema.from_pandas(df, preserve_index=True)
     except (ValueError, TypeError, OverflowError, pa.ArrowNotImplementedError) as exc:

@@ -231,6 +231,29 @@ def test_pandas_unnamed_index_of_data_is_refused(tmp_path: Path, index: pd.Index
     assert pq.read_table(tmp_path / "positions").column_names == ["price"]
 
 
+@pytest.mark.parametrize(("df", "match"), [
+    (pd.DataFrame({"x": [1, 2]}, index=pd.Index(["a", "b"], name="x")), "name of a column"),
+    (pd.DataFrame({"user": [10, 20], "v": [1.0, 2.0]}, index=pd.MultiIndex.from_arrays(
+        [["u1", "u2"], [7, 8]], names=["user", "day"])), "name of a column"),
+    (pd.DataFrame({"v": [1, 2]}, index=pd.MultiIndex.from_arrays([[1, 2], [3, 4]],
+                                                                  names=["a", "a"])),
+     "another level"),
+    (pd.DataFrame({"__index_level_0__": [5, 6], "v": [1, 2]}), "unnamed index level"),
+    (pd.DataFrame({"v": [5, 6]}, index=pd.Index([1, 2], name="__index_level_3__")),
+     "unnamed index level"),
+], ids=["index", "multiindex", "two-levels", "column", "level"])
+def test_pandas_names_that_would_drop_a_level_or_column_are_refused(
+        tmp_path: Path, df: pd.DataFrame, match: str) -> None:
+    """An index level named as a column, and a column named as pandas names unnamed levels,
+    were dropped without a word (found by a round-trip fuzzer); ``set_index(col,
+    drop=False)``, whose level and column hold the same values, is written as the column."""
+    with pytest.raises(pqloader.DataError, match=match):
+        pqloader.write_dataset(df, tmp_path / "refused")
+    kept = pd.DataFrame({"u": [1, 2], "v": [3, 4]}).set_index("u", drop=False)
+    pqloader.write_dataset(kept, tmp_path / "kept")
+    assert pq.read_table(tmp_path / "kept").to_pydict() == {"u": [1, 2], "v": [3, 4]}
+
+
 @pytest.mark.parametrize(
     ("df", "match"),
     [
