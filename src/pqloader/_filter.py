@@ -118,7 +118,11 @@ def _nan_false(value: Any, schema: pa.Schema) -> bool:
     """Whether ``value``, DNF tuples (ANDs of ORs, no negation), is false for a row whatever
     NaN its float columns hold: each of its tests of a float column a comparison, or ``in`` a
     set without NaN. Min/max statistics leave NaN out, so only such a filter may prune row
-    groups by them (:func:`pqloader._kept._may_match`). An expression is not looked into."""
+    groups by them (:func:`pqloader._kept._may_match`). An expression is not looked into.
+    Nor may a float set holding a zero: statistics write a row group of zeros as min -0.0,
+    max +0.0, which pyarrow takes for -0.0 alone, and its ``is_in`` tells the zeros apart by
+    their bits, so ``in {0.0}`` ruled the row group out (its rows were lost: found by a
+    filter fuzzer; pyarrow's own ``read_table(filters=)`` loses them too)."""
     if isinstance(value, pc.Expression):
         return False
     groups = value if isinstance(value[0], Sequence) and not isinstance(value[0], str) and \
@@ -129,7 +133,8 @@ def _nan_false(value: Any, schema: pa.Schema) -> bool:
             continue
         if op == "in":
             values = pa.array(list(operand)) if not isinstance(operand, pa.Array) else operand
-            if pa.types.is_floating(values.type) and pc.any(pc.is_nan(values)).as_py():
+            if pa.types.is_floating(values.type) and pc.any(pc.or_(
+                    pc.is_nan(values), pc.equal(values, 0))).as_py():
                 return False
         elif op not in _NAN_FALSE:
             return False
