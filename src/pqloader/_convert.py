@@ -215,9 +215,11 @@ def _unpadded(batches: Iterator[pa.RecordBatch], source: str, schema: pa.Schema,
               types: dict[str, pa.DataType], encoding: str | None,
               delimiter: str | None) -> Iterator[pa.RecordBatch]:
     """``batches``, refused at the first text with leading zeros or a hexadecimal number in a
-    column guessed integer (zip codes, phone numbers, padded ids: "01234" became 1234):
-    those columns read again as text, alongside (``_texts.py``)."""
-    guessed = [f.name for f in schema if pa.types.is_integer(f.type) and f.name not in types]
+    column guessed integer (zip codes, phone numbers, padded ids: "01234" became 1234), or
+    leading zeros or a number past float64's range in one guessed float: those columns read
+    again as text, alongside (``_texts.py``)."""
+    guessed = [f.name for f in schema if (pa.types.is_integer(f.type) or pa.types.is_floating(
+        f.type)) and f.name not in types]
     if not guessed:
         return batches
     text = iter(_open_csv(source, dict.fromkeys(guessed, pa.string()), encoding, delimiter,

@@ -1,6 +1,8 @@
 """Text that pyarrow's guess of a CSV or JSON Lines column changes without a word, found by
 reading the guessed columns again as text, alongside: leading zeros and hexadecimal in a
-column guessed integer ("01234" became 1234, "0x00FF00" 65280), and times that name a zone
+column guessed integer ("01234" became 1234, "0x00FF00" 65280), leading zeros and numbers
+past float64's range in one guessed float ("+4420...", "0207..." lost the zero; "1e400"
+became inf), and times that name a zone
 offset in a JSON column guessed timestamp (pyarrow's JSON reader turns them into UTC and drops
 the zone, and leaves times without one as they are: two clocks in one column).
 
@@ -9,6 +11,7 @@ The first block is checked before any row is written; each later one as its rows
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
@@ -16,6 +19,11 @@ import pyarrow.compute as pc
 
 # CSV integers pyarrow 26 reads from text whose digits a number drops: "01234", "0x1F"
 _PADDED = r"^\s*[+-]?0[0-9xX]"
+_PADDED_FLOAT = r"^\s*[+-]?0[0-9]"  # (a float column of phone numbers: "+4420...", "0207...")
+# Text that may pass float64's largest, 1.8e308 (read as inf): an exponent of 300 or more, or
+# 300 digits; each such value is then read by Python, which rounds as pyarrow does
+_HUGE = r"[eE]\+?0*[1-9][0-9]{2,}|[0-9]{300}"
+_INF = {"inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"}
 # a time of day that names its zone: "...T09:00:00Z", "... 09:00+02:00", "...T09-0500",
 # "...T09+02" (a date alone, "2024-03-10", is none: its day is no offset, found in review)
 _ZONED = (r"(?i)[t ][0-9]{2}(:[0-9]{2}(:[0-9]{2}([.,][0-9]+)?)?)?\s*"
@@ -51,20 +59,46 @@ def alongside(batches: Iterator[pa.RecordBatch], text: Iterator[pa.RecordBatch],
 
 def padded(block: pa.RecordBatch, first_row: int, source: str, schema: pa.Schema,
            guessed: list[str]) -> None:
-    """Refuse text of ``block`` (rows from ``first_row``) that an integer would change."""
+    """Refuse text of ``block`` (rows from ``first_row``) that the number its column was
+    guessed would change: leading zeros (and hexadecimal, for integers), and floats past
+    float64's range, read as inf (found by a round-trip fuzzer, with the leading zeros of a
+    column guessed float64 for a phone number's "+")."""
     for name in guessed:
-        found = pc.match_substring_regex(block.column(name), _PADDED)
+        column, kind = block.column(name), schema.field(name).type
+        found = pc.match_substring_regex(
+            column, _PADDED_FLOAT if pa.types.is_floating(kind) else _PADDED)
         if pc.any(found).as_py():
             row = pc.index(found, True).as_py()
-            value = block.column(name)[row].as_py()
+            value = column[row].as_py()
             lost = "is read as a hexadecimal number" if "x" in value.lower() else \
                 "drops its leading zero"
+            number = "a float" if pa.types.is_floating(kind) else "an integer"
             raise TextProblem(
-                f"{source}: column {name!r} was guessed {schema.field(name).type}, and its "
-                f"row {first_row + row + 1:,} (from 1, after any header) is {value!r}: an "
-                f"integer {lost}. Pass --column-type {name}=string to keep the text (zip "
-                f"codes, phone numbers, ids, colours), or --column-type {name}=int64 if it is "
-                "a number")
+                f"{source}: column {name!r} was guessed {kind}, and its row "
+                f"{first_row + row + 1:,} (from 1, after any header) is {value!r}: {number} "
+                f"{lost}. Pass --column-type {name}=string to keep the text (zip codes, "
+                f"phone numbers, ids, colours), or --column-type {name}="
+                f"{'float64' if pa.types.is_floating(kind) else 'int64'} if it is a number")
+        if pa.types.is_floating(kind):
+            _in_range(column, first_row, source, name)
+
+
+def _in_range(column: pa.Array, first_row: int, source: str, name: str) -> None:
+    """Refuse a float written past float64's largest, which pyarrow reads as inf."""
+    huge = pc.match_substring_regex(column, _HUGE)
+    for row in pc.indices_nonzero(pc.fill_null(huge, False)).to_pylist():
+        text = column[row].as_py()
+        try:
+            inf = math.isinf(float(text)) and text.strip().lower() not in _INF
+        except ValueError:
+            continue  # not a number pyarrow read (a null's spelling, say)
+        if inf:
+            raise TextProblem(
+                f"{source}: column {name!r} was guessed a float, and its row "
+                f"{first_row + row + 1:,} (from 1, after any header) is {text[:40]!r}, past "
+                f"float64's largest (1.8e308): it would be written as inf. Pass --column-type "
+                f"{name}=string to keep the text, or --column-type {name}=float64 to write "
+                "inf")
 
 
 class Zones:

@@ -980,6 +980,35 @@ def test_write_refuses_hexadecimal_text_an_integer_would_read(tmp_path: Path, ca
     assert code == 0 and all_rows(tmp_path / "out")[1] == {"sku": "B2", "color": "0XFF0000"}
 
 
+def test_write_refuses_what_a_guessed_float_would_change(tmp_path: Path, capsys) -> None:
+    """A phone number written with "+" makes pyarrow guess float64, which dropped the leading
+    zero of another ("02071234567" became 2071234567.0); "1e400" became inf (found by a
+    round-trip fuzzer). Real numbers pass: "0.5", "-0.25", "1e300", "inf" written so."""
+    phones = tmp_path / "phones.csv"
+    phones.write_text("name,phone\nalice,+441234567890\nbob,02071234567\n")
+    code, _, err = run(capsys, "write", phones, tmp_path / "out", "--no-progress")
+    assert code == 1 and "column 'phone' was guessed double, and its row 2" in err, err
+    assert "'02071234567': a float drops its leading zero" in err
+    assert "--column-type phone=string" in err and not (tmp_path / "out").exists()
+    code, _, _ = run(capsys, "write", phones, tmp_path / "out", "--no-progress",
+                     "--column-type", "phone=string")
+    assert code == 0 and all_rows(tmp_path / "out")[1]["phone"] == "02071234567"
+    huge = tmp_path / "huge.csv"
+    huge.write_text("a,b\n1.5,1\n-1e400,2\n")
+    code, _, err = run(capsys, "write", huge, tmp_path / "h", "--no-progress")
+    assert code == 1 and "its row 2 (from 1, after any header) is '-1e400', past " \
+        "float64's largest" in err, err
+    code, _, _ = run(capsys, "write", huge, tmp_path / "h", "--no-progress",
+                     "--column-type", "a=float64")
+    assert code == 0 and all_rows(tmp_path / "h")[1]["a"] == float("-inf")  # asked for
+    reals = tmp_path / "reals.csv"
+    reals.write_text("x,y\n0.5,inf\n-0.25,-Infinity\n1e300,0e0\n" + "1" * 301 + "e-10,1\n")
+    code, _, err = run(capsys, "write", reals, tmp_path / "r", "--no-progress")
+    assert code == 0, err
+    assert [r["x"] for r in all_rows(tmp_path / "r")] == [0.5, -0.25, 1e300, float("1" * 301
+                                                                                + "e-10")]
+
+
 def test_write_jsonl_times_with_a_zone_offset_stay_instants_in_utc(tmp_path: Path,
                                                                    capsys) -> None:
     """pyarrow's JSON reader turned them into UTC and dropped the zone: 09:00+02:00 read as
