@@ -26,6 +26,7 @@ from ._convert import (
     guess_format,
     hint,
     open_source,
+    unfit_failure,
 )
 from ._guesses import column_type
 from ._inspect import inspect_dataset, print_inspect
@@ -68,6 +69,8 @@ def _cmd_write(args: argparse.Namespace) -> int:
         if isinstance(exc, pqloader.PQLoaderError):
             raise
         said = file_rows(str(exc), 0) if fmt == "jsonl" else str(exc)  # in the first block
+        if fmt == "jsonl" and (unfit := unfit_failure(source, 0, said, typed)):
+            raise unfit from exc
         raise CommandFailure(f"{source}: {said}; {hint(fmt, typed, said)}, or pass --format "
                              f"if it is not {fmt}") from exc
     dst, src = Path(target).resolve(), Path(source).resolve()

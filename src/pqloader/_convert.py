@@ -322,6 +322,8 @@ def counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str, rows: list
                 f"{_BLOCK >> 20} MiB has: its type was not guessed. Pass --column-type "
                 f"{key}=TYPE (string, int64, float64...) to write it") from exc
         said = file_rows(str(exc), rows[0]) if fmt == "jsonl" else str(exc)
+        if fmt == "jsonl" and (unfit := unfit_failure(source, rows[0], said, typed)):
+            raise unfit from exc
         if fmt == "csv" and (m := re.search(r"In CSV column #(\d+)", said)) and \
                 int(m[1]) < len(names):  # a later value that does not fit the guess
             name = names[int(m[1])]
@@ -359,6 +361,37 @@ def late_key(source: str, after: int, names: list[str]) -> tuple[int, str] | Non
             extra = [k for k in record if k not in known] if isinstance(record, dict) else []
             if extra:
                 return row, extra[0]
+    return None
+
+
+def unfit_failure(source: str, after: int, said: str, typed: dict[str, pa.DataType]
+                  ) -> CommandFailure | None:
+    """pyarrow's JSON error ``said`` of a value it could not convert, with the value's row
+    and key (its message names neither: found by a fuzzer), found past the first ``after``
+    rows of ``source`` read again line by line (for the error's message only)."""
+    m = re.search(r"Failed to convert JSON to .+?, couldn't parse:(.*)", said)
+    if m is None or not os.path.isfile(source):
+        return None
+    row = 0
+    with open(source, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row += 1
+            if row <= after:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                return None
+            for key, value in record.items() if isinstance(record, dict) else ():
+                if (value if isinstance(value, str) else json.dumps(value)) != m[1]:
+                    continue
+                why = f"--column-type {key}={typed[key]} does not fit it" if key in typed \
+                    else f"its type was guessed from the first {_BLOCK >> 20} MiB"
+                return CommandFailure(f"{source}: row {row:,} (from 1), key {key!r}: {said}; "
+                                      f"{why}: pass --column-type {key}=TYPE that fits every "
+                                      "value (float64, string...)")
     return None
 
 

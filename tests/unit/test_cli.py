@@ -925,6 +925,29 @@ def test_write_json_lines_with_a_key_first_seen_past_the_first_block(tmp_path: P
     assert code == 0, err
 
 
+def test_write_names_the_json_key_and_row_whose_value_does_not_fit(tmp_path: Path, capsys,
+                                                                   monkeypatch) -> None:
+    """pyarrow's "Failed to convert JSON to int64, couldn't parse:1.5" named neither key nor
+    row (found by a round-trip fuzzer): a value past the guessed block, and one a
+    --column-type does not fit, in the first block."""
+    import pqloader._convert as convert
+
+    monkeypatch.setattr(convert, "_BLOCK", 1 << 16)
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(f'{{"a": {i}, "b": 1}}\n' for i in range(20_000)) +
+                   '{"a": 2.5, "b": 1}\n')
+    code, _, err = run(capsys, "write", src, tmp_path / "out", "--no-progress")
+    assert code == 1 and "row 20,001 (from 1), key 'a': Failed to convert" in err, err
+    assert "its type was guessed from the first" in err and "--column-type a=TYPE" in err
+    small = tmp_path / "small.jsonl"
+    small.write_text('{"id": 1, "t": "2024-01-02T03:04:05"}\n'
+                     '{"id": 2, "t": "2024-01-02T03:04:05.5"}\n')
+    code, _, err = run(capsys, "write", small, tmp_path / "o2", "--no-progress",
+                       "--column-type", "t=timestamp[s]")
+    assert code == 1 and "row 2 (from 1), key 't'" in err, err
+    assert "--column-type t=timestamp[s] does not fit it" in err
+
+
 def test_write_names_the_csv_column_whose_later_value_does_not_fit(tmp_path: Path, capsys,
                                                                   monkeypatch) -> None:
     import pqloader._convert as convert
