@@ -42,9 +42,18 @@ def _combined(group: pa.Table) -> pa.Table:
         return group.combine_chunks()
     except pa.ArrowInvalid as exc:
         f = next((f for f in group.schema if pa.types.is_dictionary(f.type)
-                  and f.type.index_type.bit_width < 32 and not _combines(group.column(f.name))),
+                  and not _combines(group.column(f.name))),
                  None)  # (the one that fails: the first narrow one was blamed, found in review)
         if f is None:
+            raise
+        if any(chunk.dictionary.null_count for chunk in group.column(f.name).chunks):
+            raise DataError(  # (blamed on the indices' width, found by a round-trip fuzzer)
+                f"column {f.name!r} ({f.type}): its batches' dictionaries hold a null value, "
+                f"which pyarrow cannot combine into a row group's dictionary ({exc}); hold "
+                "the nulls in the indices instead (column.dictionary_decode()"
+                ".dictionary_encode()), or pass a row_group_size= no larger than a batch"
+                ) from exc
+        if f.type.index_type.bit_width >= 32:
             raise
         raise DataError(
             f"column {f.name!r} ({f.type}): its batches' dictionaries together hold more "
