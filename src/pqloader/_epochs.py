@@ -79,9 +79,13 @@ class Pass(Iterator[T]):
     other batches never delivered, without a word (found by fuzzing: 0 of 2,400 rows). Raised
     again and again instead, such a loop would never end."""
 
-    def __init__(self, batches: Generator[T, None, None], yielded: Callable[[], int]) -> None:
+    def __init__(self, batches: Generator[T, None, None], yielded: Callable[[], int],
+                 resume: str = "Iterate the loader again to start the epoch over, or load "
+                 "its state_dict() (it counts the batches delivered) to go on from the failed "
+                 "one") -> None:
         self._batches = batches
         self._yielded = yielded
+        self._resume = resume
         self._failed: str | None = None  # the error, told (held, it held this pass's frame:
         # a cycle that kept the loader and its workers until a garbage collection)
 
@@ -94,8 +98,7 @@ class Pass(Iterator[T]):
             raise IncompleteEpochError(
                 f"this pass ended at an error ({failed}) after "
                 f"{self._yielded():,} batches of its epoch; the others were not delivered. "
-                "Iterate the loader again to start the epoch over, or load its "
-                "state_dict() (it counts the batches delivered) to go on from the failed one")
+                f"{self._resume}")
         try:
             return next(self._batches)
         except StopIteration:

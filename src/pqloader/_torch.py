@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
@@ -13,6 +13,7 @@ import torch.utils.data
 from ._agree import FIRST_WAIT_S, Agreement, built_at
 from ._collate import column_kinds
 from ._config import LoaderConfig
+from ._epochs import Pass
 from ._errors import InvalidArgumentError, StateMismatchError, check_positive
 from ._fit import check_nulls, check_room, warn_unmixed
 from ._memory import MemoryBudget
@@ -344,6 +345,24 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         return self._planner.epoch_batches(self._cursor.get()[0])
 
     def __iter__(self) -> Iterator[Any]:
+        """This process's batches of the epoch (a torch worker's share): after an error, the
+        next ``next`` raises :class:`IncompleteEpochError`, as a pqloader DataLoader's pass
+        does (a generator's plain end had torch end the epoch short without a word: found by
+        fuzzing; with torch's workers, the others' batches still come)."""
+        given, start = [0], self._cursor.get()[1]
+        worker = torch.utils.data.get_worker_info() is not None
+
+        def counted() -> Generator[Any, None, None]:
+            for batch in self._pass():
+                yield batch
+                given[0] += 1
+
+        whose = "(That count is this torch worker's.) " if worker else ""
+        return Pass(counted(), lambda: given[0] if worker else start + given[0], (
+            f"{whose}Call set_epoch(epoch, start=k), k the batches your loop received, to go "
+            "on from the failed one, or iterate again to start the epoch over"))
+
+    def _pass(self) -> Iterator[Any]:
         check_world(self._planner.config.world, "dataset (ds.to_torch())")
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)

@@ -354,3 +354,32 @@ def test_a_pass_an_error_ended_says_so_when_asked_for_more(tmp_path: Path,
         assert shard.name in str(told[0]) and f"CorruptFileError: {told[0]}" in str(told[1])
         assert "the others were not delivered" in str(told[1])
         assert loader.state_dict()["batches"] < len(loader)  # a resume goes on from there
+
+
+def _bad_row(batch: dict[str, Any]) -> dict[str, Any]:
+    if 10 in batch["id"].tolist():
+        raise ValueError("bad row 10")
+    return batch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_to_torch_under_torch_says_a_pass_an_error_ended(tmp_path: Path, workers: int) -> None:
+    """Under torch's DataLoader, a loop that caught a transform's error and went on got a
+    short epoch that ended as if whole (9 of 60 rows; with 2 torch workers, the other's 39):
+    the next batch of the worker that failed is now IncompleteEpochError (found by fuzzing)."""
+    pq.write_table(pa.table({"id": list(range(60))}), tmp_path / "p.parquet", row_group_size=6)
+    ds = pqloader.ParquetDataset(tmp_path)
+    it = iter(torch.utils.data.DataLoader(ds.to_torch(batch_size=3, transform=_bad_row),
+                                          batch_size=None, num_workers=workers))
+    told: list[str] = []
+    rows = 0
+    while True:
+        try:
+            rows += len(next(it)["id"])
+        except StopIteration:
+            break
+        except Exception as exc:  # torch re-raises a worker's error as its own type
+            told.append(f"{type(exc).__name__}: {exc}")
+    assert [t.split(":")[0] for t in told] == ["ValueError", "IncompleteEpochError"], told
+    assert "bad row 10" in told[1] and "set_epoch(epoch, start=k)" in told[1]
+    assert rows < 60
