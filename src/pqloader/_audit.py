@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ._errors import InvalidArgumentError
 from ._plan import num_batches
@@ -88,25 +89,46 @@ class AuditLog:
         record = {"epoch": epoch, "batch": batch, "worker": batch % max(1, self.num_workers),
                   "rows": encode_rows(rows), "plan": plan}
         n = batch_rows(made)
-        if n is not None and n != len(rows):
+        if n != len(rows):
             record["rows_out"] = n
             if not self.warned:
                 self.warned = True
+                said = f"with {n:,}" if n is not None else \
+                    f"as a {type(made).__name__} whose rows the audit cannot count"
                 warnings.warn(
-                    f"audit_dir: a batch of {len(rows):,} rows left transform/collate_fn with "
-                    f"{n:,}: the audit records the rows read for each batch, not those a "
+                    f"audit_dir: a batch of {len(rows):,} rows left transform/collate_fn "
+                    f"{said}: the audit records the rows read for each batch, not those a "
                     "transform keeps, repeats or packs; it reports such batches as unchecked",
                     RuntimeWarning, stacklevel=3)
         self._write(record)
 
 
 def batch_rows(batch: Any) -> int | None:
-    """The rows a batch holds, where its values agree on it (their first dimension); else
-    ``None`` (a structure of a collate_fn's own)."""
-    values = batch.values() if isinstance(batch, Mapping) else \
-        batch if isinstance(batch, (tuple, list)) else ()
-    sizes = {int(v.shape[0]) if hasattr(v, "shape") else len(v) for v in values
-             if (hasattr(v, "shape") and len(v.shape)) or isinstance(v, list)}  # no scalars
+    """The rows a batch holds, where its values agree on it (their first dimension, in dicts,
+    tuples and lists of them, nested); an Arrow batch's rows; a list of rows as dicts. Else
+    ``None``: a structure the audit cannot count (only flat dicts, tuples and lists were
+    counted, and any other batch passed for unchanged: rows a transform returning a bare
+    tensor or a nested dict dropped were reported delivered, found by fuzzing)."""
+    if isinstance(batch, list) and batch and all(isinstance(r, Mapping) for r in batch):
+        return len(batch)  # rows as dicts (RecordBatch.to_pylist(), what torch collates)
+    sizes: set[int] = set()
+
+    def count(value: Any, top: bool) -> None:
+        if isinstance(value, (pa.RecordBatch, pa.Table, pa.Array, pa.ChunkedArray)):
+            sizes.add(len(value))
+        elif hasattr(value, "shape"):
+            if len(value.shape):  # (a scalar counts no rows)
+                sizes.add(int(value.shape[0]))
+        elif isinstance(value, Mapping):
+            for v in value.values():
+                count(v, False)
+        elif isinstance(value, tuple) or (top and isinstance(value, list)):
+            for v in value:
+                count(v, False)
+        elif isinstance(value, list):  # a column of values (texts, bytes)
+            sizes.add(len(value))
+
+    count(batch, True)
     return sizes.pop() if len(sizes) == 1 else None
 
 

@@ -348,6 +348,38 @@ def _with_a_scalar(batch: dict[str, Any]) -> dict[str, Any]:
     return {**batch, "weight": torch.tensor(0.5), "scale": np.float32(2)}
 
 
+class _Opaque:
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+
+@pytest.mark.parametrize(("kw", "lost"), [
+    ({"transform": lambda b: b["id"][1:]}, True),  # a bare tensor
+    ({"transform": lambda b: b["id"]}, False),
+    ({"transform": lambda b: {"inputs": {"id": b["id"][1:]}, "n": 3}}, True),  # nested
+    ({"transform": lambda b: {"inputs": {"id": b["id"]}, "pair": (b["id"], b["id"])}}, False),
+    ({"collate_fn": lambda rb: rb.slice(1)}, True),  # an Arrow batch
+    ({"collate_fn": lambda rb: rb}, False),
+    ({"collate_fn": lambda rb: rb.to_pylist()[1:]}, True),  # rows as dicts
+    ({"collate_fn": lambda rb: rb.to_pylist()}, False),
+    ({"transform": _Opaque}, True),  # no rows to count: unchecked, not passed
+], ids=["tensor-", "tensor", "nested-", "nested", "arrow-", "arrow", "rows-", "rows",
+        "opaque"])
+def test_rows_a_transform_drops_are_told_whatever_it_returns(
+        make_dataset: Any, tmp_path: Path, kw: dict[str, Any], lost: bool) -> None:
+    """Only flat dicts, tuples and lists were counted: a batch returned as a bare tensor, a
+    nested dict, an Arrow batch or a list of row dicts, one row short, passed the audit as
+    exactly once (found by fuzzing); one the audit cannot count is left unchecked."""
+    ds = pqloader.ParquetDataset(make_dataset(50))
+    with warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        assert len(list(pqloader.DataLoader(ds, batch_size=10, audit_dir=tmp_path,
+                                            **kw))) == 5
+    (report,) = pqloader.audit(tmp_path)
+    assert report.exactly_once is not lost and report.reshaped == (5 if lost else 0)
+    assert any("audit_dir: a batch of 10 rows" in str(w.message) for w in told) is lost
+
+
 def test_a_transform_adding_scalars_keeps_its_batches_checked(make_dataset: Any,
                                                               tmp_path: Path) -> None:
     """A 0-d tensor or a numpy scalar beside the columns has no rows to compare (len() of
