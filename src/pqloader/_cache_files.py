@@ -46,13 +46,26 @@ def scan(folder: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
         return []
 
 
-def entry_files(root: Path) -> Iterator[os.DirEntry[str]]:
-    """The entry files under a layout's folder ``root``."""
+_HEX = frozenset("0123456789abcdef")
+
+
+def entry_folders(root: Path) -> Iterator[os.DirEntry[str]]:
+    """The folders of entries under a layout's folder ``root`` (``ab/``: two hex digits)."""
     for sub in scan(root):
-        if sub.is_dir(follow_symlinks=False):
-            for entry in scan(sub.path):
-                if entry.name.endswith(".pqc") and entry.is_file(follow_symlinks=False):
-                    yield entry
+        if len(sub.name) == 2 and set(sub.name) <= _HEX and sub.is_dir(follow_symlinks=False):
+            yield sub
+
+
+def entry_files(root: Path) -> Iterator[os.DirEntry[str]]:
+    """The entry files under a layout's folder ``root``: ``ab/<sha256 hex>.pqc`` alone, never
+    a file of the user's that ends in .pqc (``clear`` of a folder that was no cache deleted
+    ``v2/photos/holiday.pqc``: found in review)."""
+    for sub in entry_folders(root):
+        for entry in scan(sub.path):
+            name = entry.name
+            if len(name) == 68 and name.endswith(".pqc") and name.startswith(sub.name) and \
+                    set(name[:64]) <= _HEX and entry.is_file(follow_symlinks=False):
+                yield entry
 
 
 def survey(root: Path) -> Survey:

@@ -363,6 +363,28 @@ def test_clear_never_deletes_a_users_folder_that_merely_looks_like_a_layout(
     assert cache.entries() == []
 
 
+def test_clear_deletes_entries_alone_in_the_current_layout(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``clear`` of a folder that was no cache deleted ``v2/photos/holiday.pqc`` and old
+    ``.tmp-*`` files of the user's (any ``*.pqc`` below ``v2/`` passed for an entry, and
+    ``du`` called them damaged: found in review). Only ``ab/<sha256>.pqc`` are entries."""
+    cache = Cache(tmp_path)
+    cache.put("u", "v", 0, 100, bytes(100))
+    (entry,) = tmp_path.rglob("*.pqc")
+    theirs = [tmp_path / "v2" / "photos" / "holiday.pqc", tmp_path / "v2" / "ab" / "mine.pqc",
+              entry.with_name("notes.pqc"), entry.with_name(".tmp-draft"),
+              tmp_path / "v2" / "photos" / f".tmp-1-{'a' * 32}"]
+    for path in theirs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("keep me")
+        os.utime(path, (1, 1))  # old: temporaries of a day ago are swept
+    assert [e.path for e in cache.entries()] == [entry]
+    assert cli(["cache", "du", str(tmp_path)]) == 0
+    assert "damaged" not in capsys.readouterr().out
+    assert cli(["cache", "clear", str(tmp_path)]) == 0
+    assert not entry.exists() and all(p.read_text() == "keep me" for p in theirs)
+
+
 def test_a_listing_may_take_longer_than_one_request(tmp_path: Path) -> None:
     class SlowList(_Bytes):
         def find(self, path: str, detail: bool = True, withdirs: bool = False) -> dict:
@@ -581,7 +603,7 @@ def test_an_interrupted_cache_write_leaves_no_temporary_file_and_clear_sweeps_ol
             cache.put("s3://b/k", "v1", 3, 3, b"def")
     assert not list(tmp_path.rglob(".tmp-*"))
     # a writer killed mid-write (SIGKILL) leaves one: clear deletes it once it is a minute old
-    left = next(tmp_path.rglob("*.pqc")).with_name(".tmp-999999-dead")
+    left = next(tmp_path.rglob("*.pqc")).with_name(f".tmp-999999-{'d' * 32}")
     left.write_bytes(b"x" * 100)
     os.utime(left, (time.time() - 120, time.time() - 120))
     cache.clear()
