@@ -18,12 +18,15 @@ def cmd_cache(args: argparse.Namespace) -> int:
         what = f"{args.dir} is not a folder" if Path(args.dir).exists() else \
             f"no cache folder at {args.dir}"
         if args.action == "clear" and not Path(args.dir).exists():
-            print(f"{what}: nothing to clear")
+            print(json.dumps({"dir": str(args.dir), "freed_bytes": 0}) if args.json else
+                  f"{what}: nothing to clear")
             return 0
         raise CommandFailure(f"{what}; pass the folder given as pqloader.Cache(directory)")
     cache = Cache(args.dir)
-    if args.action == "clear":
-        print(f"freed {human_bytes(cache.clear())} in {args.dir}")
+    if args.action == "clear":  # (--json printed text: found by a CLI fuzzer)
+        freed = cache.clear()
+        print(json.dumps({"dir": str(args.dir), "freed_bytes": freed}) if args.json else
+              f"freed {human_bytes(freed)} in {args.dir}")
         return 0
     old = cache.old_layouts()
     note = (f"plus {human_bytes(sum(old.values()))} in entries of other pqloader versions' "

@@ -381,8 +381,12 @@ def test_clear_deletes_entries_alone_in_the_current_layout(
     assert [e.path for e in cache.entries()] == [entry]
     assert cli(["cache", "du", str(tmp_path)]) == 0
     assert "damaged" not in capsys.readouterr().out
-    assert cli(["cache", "clear", str(tmp_path)]) == 0
+    size = entry.stat().st_size
+    assert cli(["cache", "clear", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"dir": str(tmp_path), "freed_bytes": size}
     assert not entry.exists() and all(p.read_text() == "keep me" for p in theirs)
+    assert cli(["cache", "clear", str(tmp_path / "typo"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["freed_bytes"] == 0
 
 
 def test_a_listing_may_take_longer_than_one_request(tmp_path: Path) -> None:
