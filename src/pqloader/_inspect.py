@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 
 import pqloader
 
+from ._discover import read_footers
 from ._signed import redact
 from ._sizes import leaf_owners
 
@@ -54,16 +55,39 @@ def inspect_dataset(source: str, columns: list[str] | None = None,
         ds = pqloader.ParquetDataset(source, columns=columns,
                                      on_bad_file="skip" if skip_bad_files else "raise")
     wanted = None if columns is None else set(columns)
+    skipped = {redact(p): why for p, why in ds.skipped_files.items()}
+    footers = _footers(ds, skipped) if skip_bad_files else list(zip(ds.files, ds.metadata,
+                                                                    strict=True))
     files = [_file_facts(redact(p), md, wanted)  # a signed URL's secrets are for reading
-             for p, md in zip(ds.files, ds.metadata, strict=True)]
+             for p, md in footers]
     codecs = sorted({c for f in files for c in f.pop("compression")})
     totals = {key: sum(f[key] for f in files) for key in
               ("num_rows", "num_row_groups", "compressed_bytes", "uncompressed_bytes")}
     return {"path": redact(str(source)), "num_files": len(files), **totals,
             "compression": codecs,
             "schema": [{"name": n, "type": str(t)} for n, t in ds.columns.items()],
-            "files": files, **({"skipped": [{"path": redact(p), "why": why} for p, why in
-                                            ds.skipped_files.items()]} if skip_bad_files else {})}
+            "files": files, **({"skipped": [{"path": p, "why": why} for p, why in
+                                            skipped.items()]} if skip_bad_files else {})}
+
+
+def _footers(ds: pqloader.ParquetDataset, skipped: dict[str, str]
+             ) -> list[tuple[str, pq.FileMetaData]]:
+    """Each file and its footer, less those whose footer cannot be read, added to
+    ``skipped``: a dataset opened from its manifest reads footers now, and the first bad one
+    stopped ``inspect --skip-bad-files`` (found by a CLI fuzzer). Read together first, then
+    one at a time where that fails."""
+    try:
+        return list(zip(ds.files, ds.metadata, strict=True))
+    except pqloader.PQLoaderError:
+        pass
+    d = ds._discovery  # (the footers of one file at a time)
+    kept = []
+    for path, entry in zip(ds.files, d.files, strict=True):
+        try:
+            kept.append((path, read_footers([entry], d.store, d.cache)[0]))
+        except pqloader.PQLoaderError as exc:
+            skipped[redact(path)] = str(exc)
+    return kept
 
 
 def print_inspect(facts: dict[str, Any]) -> None:

@@ -174,6 +174,23 @@ def test_inspect_can_list_every_file_that_cannot_be_read(make_dataset, capsys) -
     assert code == 0 and json.loads(out)["skipped"] == []
 
 
+def test_inspect_lists_every_bad_file_of_a_dataset_opened_from_its_manifest(
+        make_dataset, capsys) -> None:
+    """Files damaged in place at their size keep the manifest: the open reads no footer, and
+    inspect's reading them stopped at the first (found by a CLI fuzzer)."""
+    root = make_dataset(ROWS, rows_per_file=300, row_group_size=100)
+    parts = sorted(root.glob("part-*.parquet"))
+    for part in parts[1:3]:
+        data = bytearray(part.read_bytes())
+        data[-4:] = b"XXXX"  # no PAR1 at its end
+        part.write_bytes(bytes(data))
+    code, out, err = run(capsys, "inspect", root, "--skip-bad-files", "--json")
+    facts = json.loads(out)
+    assert code == 1 and err == "", err
+    assert sorted(Path(f["path"]).name for f in facts["skipped"]) == [p.name for p in parts[1:3]]
+    assert facts["num_files"] == len(parts) - 2 and facts["num_rows"] == ROWS - 600
+
+
 # -- write ---------------------------------------------------------------------------------------
 def test_write_csv_round_trip(tmp_path, capsys) -> None:
     src, dst = write_csv(tmp_path / "in.csv", 500), tmp_path / "out"
