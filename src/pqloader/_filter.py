@@ -133,8 +133,10 @@ def _nan_false(value: Any, schema: pa.Schema) -> bool:
             continue
         if op == "in":
             values = pa.array(list(operand)) if not isinstance(operand, pa.Array) else operand
-            if pa.types.is_floating(values.type) and pc.any(pc.or_(
-                    pc.is_nan(values), pc.equal(values, 0))).as_py():
+            if pa.types.is_floating(values.type) and pc.any(pc.is_nan(values)).as_py():
+                return False
+            if (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)) and \
+                    pc.any(pc.equal(values, 0)).as_py():  # (ints too: cast to the column's)
                 return False
         elif op not in _NAN_FALSE:
             return False

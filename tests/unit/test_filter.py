@@ -304,7 +304,7 @@ def test_dnf_filters_false_on_nan_prune_float_row_groups(
 
 
 @pytest.mark.parametrize("zeros", [[0.0, 0.0, 0.0], [-0.0, -0.0, -0.0], [0.0, -0.0, 0.0]])
-@pytest.mark.parametrize("values", [[0.0, 1.0], [-0.0, 1.0], [-0.5, 0.0, 1.0]])
+@pytest.mark.parametrize("values", [[0.0, 1.0], [-0.0, 1.0], [-0.5, 0.0, 1.0], [0, 1]])
 def test_an_in_set_of_floats_with_a_zero_keeps_row_groups_of_zeros(
         tmp_path: Path, zeros: list[float], values: list[float]) -> None:
     """Statistics write a row group of zeros as min -0.0, max +0.0; pyarrow took it for -0.0
