@@ -62,8 +62,6 @@ def _check_names(df: Any, names: list[str]) -> None:
     values (``set_index(col, drop=False)`` keeps both alike), and a name of the form pandas
     gives unnamed levels (``__index_level_0__``): the level, or the column, was dropped
     without a word (found by a round-trip fuzzer)."""
-    import pandas as pd
-
     for name in [*names, *(str(n) for n in df.index.names if n is not None)]:
         if _UNNAMED_INDEX.fullmatch(name):
             raise DataError(
@@ -75,8 +73,8 @@ def _check_names(df: Any, names: list[str]) -> None:
         if raw is None:
             continue  # a position, left out (_check_unnamed_index)
         name = str(raw)
-        alike = name in names and names.count(name) == 1 and \
-            df.index.get_level_values(level).equals(pd.Index(df.iloc[:, names.index(name)]))
+        alike = name in names and names.count(name) == 1 and _same_arrow(
+            df.index.get_level_values(level), df.iloc[:, names.index(name)])
         if name in seen or (name in names and not alike):
             raise DataError(
                 f"the DataFrame's index level {name!r} has the name of "
@@ -84,6 +82,16 @@ def _check_names(df: Any, names: list[str]) -> None:
                 "written beside it, one of the two would be lost: rename the level "
                 "(df.rename_axis(...)) or drop it (df.reset_index(drop=True))")
         seen.add(name)
+
+
+def _same_arrow(level: Any, column: Any) -> bool:
+    """Whether an index level and a column write as the same Arrow values and type (pandas'
+    ``equals`` took a bool level for an int column of 1s and 0s, and refused an int64 level
+    beside an Int64 column of its values: found in review)."""
+    try:
+        return bool(pa.Array.from_pandas(level).equals(pa.Array.from_pandas(column)))
+    except (pa.ArrowException, TypeError, ValueError):
+        return False
 
 
 def pandas_batches(df: Any, chunk_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:

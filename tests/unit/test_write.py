@@ -241,7 +241,9 @@ def test_pandas_unnamed_index_of_data_is_refused(tmp_path: Path, index: pd.Index
     (pd.DataFrame({"__index_level_0__": [5, 6], "v": [1, 2]}), "unnamed index level"),
     (pd.DataFrame({"v": [5, 6]}, index=pd.Index([1, 2], name="__index_level_3__")),
      "unnamed index level"),
-], ids=["index", "multiindex", "two-levels", "column", "level"])
+    (pd.DataFrame({"a": [1, 0, 1]}, index=pd.Index([True, False, True], name="a")),
+     "name of a column"),  # (pandas' equals took True for 1: the level was dropped)
+], ids=["index", "multiindex", "two-levels", "column", "level", "bools"])
 def test_pandas_names_that_would_drop_a_level_or_column_are_refused(
         tmp_path: Path, df: pd.DataFrame, match: str) -> None:
     """An index level named as a column, and a column named as pandas names unnamed levels,
@@ -252,6 +254,10 @@ def test_pandas_names_that_would_drop_a_level_or_column_are_refused(
     kept = pd.DataFrame({"u": [1, 2], "v": [3, 4]}).set_index("u", drop=False)
     pqloader.write_dataset(kept, tmp_path / "kept")
     assert pq.read_table(tmp_path / "kept").to_pydict() == {"u": [1, 2], "v": [3, 4]}
+    nullable = pd.DataFrame({"u": pd.array([1, 2], dtype="Int64")}, index=pd.Index(
+        [1, 2], name="u"))  # the same values as Arrow writes them: not refused
+    pqloader.write_dataset(nullable, tmp_path / "nullable")
+    assert pq.read_table(tmp_path / "nullable").column("u").to_pylist() == [1, 2]
 
 
 @pytest.mark.parametrize(
@@ -550,9 +556,10 @@ def test_dictionaries_holding_a_null_are_refused_as_such(tmp_path: Path,
             pa.array(codes, index), pa.array(values))})
 
     batches = [batch([0, 1], ["a", None]), batch([0], ["z"])]
-    with pytest.raises(pqloader.DataError, match=r"column 'c' .*dictionaries hold a null "
-                       r"value.*dictionary_decode\(\)\.dictionary_encode\(\)"):
-        pqloader.write_dataset(batches, tmp_path / "out")
+    for size in (None, 2, 1):  # (a row group of one batch failed at the write, as bare)
+        with pytest.raises(pqloader.DataError, match=r"column 'c' .*dictionary holds a null "
+                           r"value.*dictionary_decode\(\)\.dictionary_encode\(\)"):
+            pqloader.write_dataset(batches, tmp_path / f"out{size}", row_group_size=size)
     mended = [pa.record_batch({"c": b.column(0).dictionary_decode().dictionary_encode()})
               for b in batches]
     pqloader.write_dataset(mended, tmp_path / "ok")
