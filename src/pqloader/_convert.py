@@ -295,10 +295,12 @@ def counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str, rows: list
     do rounded integers (``_guesses.rounding_problem``)."""
     typed = typed or {}
     names: list[str] = []
+    types: dict[str, pa.DataType] = dict(typed)  # each column's, as the batches have them
     unseen = set(typed) if fmt == "jsonl" else set()  # a --column-type key no row has yet
     try:
         for batch in batches:
             names = batch.schema.names
+            types = {f.name: f.type for f in batch.schema}
             unseen -= {n for n in unseen if batch.column(n).null_count < batch.num_rows}
             for column in batch.columns:  # invalid UTF-8 in a string column, caught here:
                 if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
@@ -322,7 +324,7 @@ def counted(batches: Iterator[pa.RecordBatch], source: str, fmt: str, rows: list
                 f"{_BLOCK >> 20} MiB has: its type was not guessed. Pass --column-type "
                 f"{key}=TYPE (string, int64, float64...) to write it") from exc
         said = file_rows(str(exc), rows[0]) if fmt == "jsonl" else str(exc)
-        if fmt == "jsonl" and (unfit := unfit_failure(source, rows[0], said, typed)):
+        if fmt == "jsonl" and (unfit := unfit_failure(source, rows[0], said, typed, types)):
             raise unfit from exc
         if fmt == "csv" and (m := re.search(r"In CSV column #(\d+)", said)) and \
                 int(m[1]) < len(names):  # a later value that does not fit the guess
@@ -364,14 +366,17 @@ def late_key(source: str, after: int, names: list[str]) -> tuple[int, str] | Non
     return None
 
 
-def unfit_failure(source: str, after: int, said: str, typed: dict[str, pa.DataType]
-                  ) -> CommandFailure | None:
+def unfit_failure(source: str, after: int, said: str, typed: dict[str, pa.DataType],
+                  types: dict[str, pa.DataType] | None = None) -> CommandFailure | None:
     """pyarrow's JSON error ``said`` of a value it could not convert, with the value's row
     and key (its message names neither: found by a fuzzer), found past the first ``after``
-    rows of ``source`` read again line by line (for the error's message only)."""
-    m = re.search(r"Failed to convert JSON to .+?, couldn't parse:(.*)", said)
+    rows of ``source`` read again line by line (for the error's message only): a value of
+    that text under a key of the type named (``types``, else ``typed``: each column's, as
+    known), or of any key where none is known of that type."""
+    m = re.search(r"Failed to convert JSON to (.+?), couldn't parse:(.*)", said)
     if m is None or not os.path.isfile(source):
         return None
+    keys = {k for k, t in (types or typed).items() if str(t) == m[1]} or None
     row = 0
     with open(source, encoding="utf-8", errors="replace") as f:
         for line in f:
@@ -385,7 +390,8 @@ def unfit_failure(source: str, after: int, said: str, typed: dict[str, pa.DataTy
             except ValueError:
                 return None
             for key, value in record.items() if isinstance(record, dict) else ():
-                if (value if isinstance(value, str) else json.dumps(value)) != m[1]:
+                if (keys is not None and key not in keys) or \
+                        (value if isinstance(value, str) else json.dumps(value)) != m[2]:
                     continue
                 why = f"--column-type {key}={typed[key]} does not fit it" if key in typed \
                     else f"its type was guessed from the first {_BLOCK >> 20} MiB"

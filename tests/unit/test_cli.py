@@ -963,6 +963,11 @@ def test_write_names_the_json_key_and_row_whose_value_does_not_fit(tmp_path: Pat
                        "--column-type", "t=timestamp[s]")
     assert code == 1 and "row 2 (from 1), key 't'" in err, err
     assert "--column-type t=timestamp[s] does not fit it" in err
+    floats = tmp_path / "floats.jsonl"  # the same text under a key of another type first
+    floats.write_text('{"f": 1.5, "n": 1}\n{"f": 2.5, "n": 2}\n{"f": 3.5, "n": 1.5}\n')
+    code, _, err = run(capsys, "write", floats, tmp_path / "o3", "--no-progress",
+                       "--column-type", "n=int64")
+    assert code == 1 and "row 3 (from 1), key 'n'" in err, err  # (was row 1, key 'f')
 
 
 def test_write_names_the_csv_column_whose_later_value_does_not_fit(tmp_path: Path, capsys,
@@ -1043,6 +1048,10 @@ def test_write_refuses_what_a_guessed_float_would_change(tmp_path: Path, capsys)
     assert code == 0 and all_rows(tmp_path / "h")[1]["a"] == float("-inf")  # asked for
     reals = tmp_path / "reals.csv"
     reals.write_text("x,y\n0.5,inf\n-0.25,-Infinity\n1e300,0e0\n" + "1" * 301 + "e-10,1\n")
+    past = tmp_path / "past.csv"  # 251 digits and e99: 1e349 (each alone below the check's)
+    past.write_text("x\n1.5\n1" + "0" * 250 + "e99\n")
+    code, _, err = run(capsys, "write", past, tmp_path / "p", "--no-progress")
+    assert code == 1 and "past float64's largest" in err, err
     code, _, err = run(capsys, "write", reals, tmp_path / "r", "--no-progress")
     assert code == 0, err
     assert [r["x"] for r in all_rows(tmp_path / "r")] == [0.5, -0.25, 1e300, float("1" * 301
