@@ -357,10 +357,14 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
                 yield batch
                 given[0] += 1
 
-        whose = "(That count is this torch worker's.) " if worker else ""
         return Pass(counted(), lambda: given[0] if worker else start + given[0], (
-            f"{whose}Call set_epoch(epoch, start=k), k the batches your loop received, to go "
-            "on from the failed one, or iterate again to start the epoch over"))
+            # torch's other workers go on: their batches came out of turn, so no start=k
+            # resumes (following that lost 8 rows and repeated 8: found in review)
+            "(That count is this torch worker's; the others went on.) Iterate again to start "
+            "the epoch over, or use pqloader.DataLoader, whose state_dict() goes on from a "
+            "failed batch" if worker else "Call set_epoch(epoch, start=k), k the batches "
+            "your loop received, to go on from the failed one, or iterate again to start the "
+            "epoch over"))
 
     def _pass(self) -> Iterator[Any]:
         check_world(self._planner.config.world, "dataset (ds.to_torch())")

@@ -381,5 +381,7 @@ def test_to_torch_under_torch_says_a_pass_an_error_ended(tmp_path: Path, workers
         except Exception as exc:  # torch re-raises a worker's error as its own type
             told.append(f"{type(exc).__name__}: {exc}")
     assert [t.split(":")[0] for t in told] == ["ValueError", "IncompleteEpochError"], told
-    assert "bad row 10" in told[1] and "set_epoch(epoch, start=k)" in told[1]
-    assert rows < 60
+    assert "bad row 10" in told[1] and rows < 60
+    # with torch's workers the others went on, out of turn: no start=k resumes (following it
+    # lost 8 rows and repeated 8, found in review)
+    assert ("set_epoch(epoch, start=k)" in told[1]) is (workers == 0), told[1]
