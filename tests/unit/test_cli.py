@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -688,6 +690,29 @@ assert pqloader.DataLoader and "torch" in sys.modules  # when a loader is wanted
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_bench_counts_worker_processes_in_its_peak(make_dataset) -> None:
+    """The children's peak counts finished ones, and bench read it while its worker
+    processes ran: 0, so the peak was this process's alone (387 MiB reported where the tree
+    peaked at 796: found by a CLI fuzzer). Run in a fresh process, which has no other
+    children."""
+    root = make_dataset(2000)
+    code = textwrap.dedent(f"""
+        import resource, pqloader
+        from pqloader._bench import bench
+        ds = pqloader.ParquetDataset({str(root)!r})
+        r = bench(ds, batch_size=100, num_workers=1, worker_type="process",
+                           persistent_workers=True)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(r.peak_rss_mib, children, own)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(
+                              Path(pqloader.__file__).parent.parent)})
+    peak, children, own = map(float, done.stdout.split())
+    assert children > 50 and peak >= 0.9 * (own + children), done.stdout + done.stderr
 
 
 def test_bench_measures_an_epoch(make_dataset, capsys) -> None:
