@@ -36,11 +36,13 @@ def check_room(dataset: ParquetDataset, config: LoaderConfig, streams: int) -> N
             f"up to {WINDOWS_PER_STREAM} shuffle windows each, a window being at least one row "
             f"group ({int(held[largest]):,} bytes decoded for {path} row group "
             f"{int(d.row_group[largest])}), with {RESERVE_BYTES:,} bytes for the rest (threads, "
-            f"batches, Arrow's pool): give at least {need:,} bytes, fewer num_workers, "
-            "or write smaller row groups (write_dataset(row_group_size=...))"
+            f"batches, Arrow's pool): give at least {need:,} bytes"
+            f"{', fewer num_workers' if streams > 1 else ''}, or write smaller row groups "
+            "(write_dataset(row_group_size=...))"
         )
     room = window_bytes(budget_bytes, streams)
     per_row = bytes_per_row(d.num_rows, d.byte_size)
+    fewer = ", a larger budget, or fewer num_workers" if streams > 1 else " or a larger budget"
     for name in ("shuffle_window_rows", "batch_size"):
         rows = getattr(config, name)
         if rows is not None and rows * per_row > room:
@@ -48,7 +50,7 @@ def check_room(dataset: ParquetDataset, config: LoaderConfig, streams: int) -> N
                 f"{name}={rows:,} is ~{int(rows * per_row):,} bytes decoded, more than the "
                 f"{room:,} that memory_budget_bytes={budget_bytes:,} leaves a shuffle window "
                 f"of each of {streams} worker stream(s): give {name} at most "
-                f"{max(1, int(room // per_row)):,}, a larger budget, or fewer num_workers")
+                f"{max(1, int(room // per_row)):,}{fewer}")  # (fewer: where there are more)
 
 
 def warn_unmixed(dataset: ParquetDataset, config: LoaderConfig, window_rows: int) -> None:

@@ -145,8 +145,11 @@ def test_a_window_or_batch_larger_than_the_budget_is_refused(big: pqloader.Parqu
     kwargs: dict[str, Any] = {"batch_size": 64, name: len(big)}
     with pytest.raises(pqloader.InvalidArgumentError,
                        match=rf"{name}=.* more than the .* memory_budget_bytes=.*: give {name} "
-                       "at most"):
+                       "at most .*, a larger budget, or fewer num_workers"):
         pqloader.DataLoader(big, num_workers=2, memory_budget_bytes=BUDGET, **kwargs)
+    with pytest.raises(pqloader.InvalidArgumentError) as one:  # no fewer than none
+        pqloader.DataLoader(big, num_workers=0, memory_budget_bytes=BUDGET, **kwargs)
+    assert "num_workers" not in str(one.value) and "or a larger budget" in str(one.value)
 
 
 def test_a_budget_with_process_workers_is_refused(tmp_path: Path,
