@@ -191,6 +191,7 @@ def resolve_num_workers(num_workers: int | str, worker_type: str) -> tuple[int, 
     if worker_type != "thread":
         raise InvalidArgumentError(
             "num_workers='auto' tunes thread workers while batches flow; with "
-            f"worker_type={worker_type!r} pass a number (`pqloader tune PATH` measures some)"
+            f"worker_type={worker_type!r} pass a number (`pqloader bench PATH --worker-type "
+            f"{worker_type} --num-workers N` measures one; `tune` tries thread workers)"
         )
     return min(MAX_AUTO_WORKERS, cores()), True
