@@ -20,7 +20,6 @@ import hashlib
 import json
 import numbers
 import os
-import re
 import shutil
 import threading
 import time
@@ -33,7 +32,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ._cache_files import CacheEntry, Survey, entry_files, entry_folders, scan, survey
+from ._cache_files import (
+    TEMPORARY,
+    CacheEntry,
+    Survey,
+    entry_files,
+    entry_folders,
+    scan,
+    survey,
+)
 from ._entry import Buffer, CorruptCacheEntry, decode, write
 from ._errors import InvalidArgumentError
 from ._layouts import old_layouts, tree_bytes
@@ -44,7 +51,6 @@ __all__ = ["Buffer", "Cache", "CacheEntry", "CorruptCacheEntry", "Survey"]
 # A new entry format gets a new folder; old ones are left alone. v1: one entry per column
 # chunk, read into Python bytes. v2: one entry per coalesced row-group range, memory-mapped.
 _LAYOUT = "v2"
-_TEMPORARY = re.compile(r"\.tmp-[0-9]+-[0-9a-f]{32}")  # what put writes first
 _EVICT_TO = 0.9  # eviction frees down to this share of max_bytes
 _CLEAR_TEMPORARIES_S = 60  # clear() deletes temporary files older than this
 _FULL_RETRY_S = 10.0  # a full disk makes a process evict at most this often
@@ -277,7 +283,7 @@ class Cache:
         cutoff = time.time() - older_than_s
         for sub in entry_folders(self._root):
             for entry in scan(sub.path):
-                if _TEMPORARY.fullmatch(entry.name):
+                if TEMPORARY.fullmatch(entry.name):
                     with contextlib.suppress(OSError):
                         if entry.stat().st_mtime < cutoff:
                             os.unlink(entry.path)

@@ -5,6 +5,7 @@ found in review), and surveyed for ``pqloader cache ls|du``."""
 from __future__ import annotations
 
 import os
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,15 +57,23 @@ def entry_folders(root: Path) -> Iterator[os.DirEntry[str]]:
             yield sub
 
 
+TEMPORARY = re.compile(r"\.tmp-[0-9]+-[0-9a-f]{32}")  # what a put writes first
+
+
+def is_entry_name(folder: str, name: str) -> bool:
+    """``name`` in entry folder ``folder`` is an entry's: ``<sha256 hex>.pqc`` under its first
+    two digits (every layout so far names them so)."""
+    return len(name) == 68 and name.endswith(".pqc") and name.startswith(folder) and \
+        set(name[:64]) <= _HEX
+
+
 def entry_files(root: Path) -> Iterator[os.DirEntry[str]]:
     """The entry files under a layout's folder ``root``: ``ab/<sha256 hex>.pqc`` alone, never
     a file of the user's that ends in .pqc (``clear`` of a folder that was no cache deleted
     ``v2/photos/holiday.pqc``: found in review)."""
     for sub in entry_folders(root):
         for entry in scan(sub.path):
-            name = entry.name
-            if len(name) == 68 and name.endswith(".pqc") and name.startswith(sub.name) and \
-                    set(name[:64]) <= _HEX and entry.is_file(follow_symlinks=False):
+            if is_entry_name(sub.name, entry.name) and entry.is_file(follow_symlinks=False):
                 yield entry
 
 

@@ -120,8 +120,8 @@ Groups = list[RowGroups]  # per file
 # What on_bad_file="skip" leaves out: a file whose footer cannot be read, for good (not
 # Parquet, truncated, empty; not readable by this process; a broken link). Not a remote read
 # that failed after its retries: the next opening may read it.
-_SKIPPED_LOCAL = (CorruptFileError, PermissionDeniedError, DatasetNotFoundError)
-_SKIPPED_REMOTE = (CorruptFileError,)
+SKIPPED_LOCAL = (CorruptFileError, PermissionDeniedError, DatasetNotFoundError)
+SKIPPED_REMOTE = (CorruptFileError,)
 
 
 def discover(source: object, columns: Sequence[str] | None = None, *, filter: Any = None,
@@ -168,7 +168,7 @@ def _open_local(source: object, skip: bool = False) -> tuple[
         schemas = [(entries[0].path, manifest.schema)]
         groups = [(f.row_group_rows, f.row_group_bytes, f.row_bytes) for f in manifest.files]
         return entries, schemas, groups, []
-    read = local_footers(paths, _SKIPPED_LOCAL if skip else ())
+    read = local_footers(paths, SKIPPED_LOCAL if skip else ())
     kept, skipped = _footers_kept([str(p) for p in paths], read)
     footers = [cast(LocalFooter, read[k]) for k in kept]
     entries = [
@@ -207,7 +207,7 @@ def _open_remote(source: object, store: Store, cache: Cache | None, skip: bool =
                       for f in manifest.files]
             return entries, [(entries[0].path, manifest.schema)], groups, []
 
-    skipping = _SKIPPED_REMOTE if skip else ()
+    skipping = SKIPPED_REMOTE if skip else ()
 
     def footer(o: ObjectInfo) -> pq.FileMetaData | Exception:
         try:

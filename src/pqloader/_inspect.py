@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 import pqloader
 
-from ._discover import read_footers
+from ._discover import SKIPPED_LOCAL, SKIPPED_REMOTE, read_footers
 from ._signed import redact
 from ._sizes import leaf_owners
 
@@ -81,11 +81,12 @@ def _footers(ds: pqloader.ParquetDataset, skipped: dict[str, str]
     except pqloader.PQLoaderError:
         pass
     d = ds._discovery  # (the footers of one file at a time)
-    kept = []
+    bad = SKIPPED_LOCAL if d.store is None else SKIPPED_REMOTE  # what on_bad_file skips: a
+    kept = []  # read that failed after its retries is no bad file (found in review)
     for path, entry in zip(ds.files, d.files, strict=True):
         try:
             kept.append((path, read_footers([entry], d.store, d.cache)[0]))
-        except pqloader.PQLoaderError as exc:
+        except bad as exc:
             skipped[redact(path)] = str(exc)
     return kept
 

@@ -7,6 +7,8 @@ import contextlib
 import os
 from pathlib import Path
 
+from ._cache_files import TEMPORARY, is_entry_name
+
 
 def old_layouts(directory: Path, current: str) -> dict[str, int]:
     """The layout folders in ``directory`` other than ``current``, each with the bytes it holds."""
@@ -37,10 +39,10 @@ def _holds_entries_only(root: Path) -> bool:
         if not (len(sub.name) == 2 and set(sub.name) <= _HEX
                 and sub.is_dir(follow_symlinks=False)):
             return False
-        for entry in os.scandir(sub.path):
+        for entry in os.scandir(sub.path):  # (a user's abstract.pqc or .tmp-notes passed
+            # for entries, and clear deleted the folder: found in review)
             if not (entry.is_file(follow_symlinks=False) and (
-                    entry.name.startswith(".tmp-") or (entry.name.endswith(".pqc")
-                                                       and entry.name.startswith(sub.name)))):
+                    TEMPORARY.fullmatch(entry.name) or is_entry_name(sub.name, entry.name))):
                 return False
     return True
 

@@ -355,11 +355,15 @@ def test_clear_never_deletes_a_users_folder_that_merely_looks_like_a_layout(
     mine = tmp_path / "v1" / "train"
     mine.mkdir(parents=True)
     (mine / "labels.csv").write_text("a,b\n")
+    (tmp_path / "v4" / "ab").mkdir(parents=True)  # names a layout's, loosely (found in review)
+    (tmp_path / "v4" / "ab" / "abstract.pqc").write_text("mine")
+    (tmp_path / "v4" / "ab" / ".tmp-notes").write_text("mine")
     (tmp_path / "v3").mkdir()
     (tmp_path / "v3" / "notes.txt").write_text("keep me")
     assert cache.old_layouts() == {}
     cache.clear()
     assert (mine / "labels.csv").exists() and (tmp_path / "v3" / "notes.txt").exists()
+    assert (tmp_path / "v4" / "ab" / "abstract.pqc").exists()
     assert cache.entries() == []
 
 
@@ -642,3 +646,36 @@ def test_access_denied_says_why_when_the_error_itself_does_not() -> None:
     denied = _raised_from(PermissionError(None), RuntimeError("An error occurred (AccessDenied)"))
     message = str(remote_error("s3://b/k", denied, 1, "fatal"))
     assert "access denied (An error occurred (AccessDenied))" in message, message
+
+
+def test_inspect_skips_bad_footers_not_failed_reads(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """--skip-bad-files of a dataset opened from its manifest reads its footers one at a time
+    once reading them together fails: a read that failed after its retries raises, as
+    without a manifest, and is no bad file (found in review)."""
+    import fsspec
+
+    import pqloader._discover as discover
+    from pqloader._inspect import inspect_dataset
+
+    root = tmp_path / "ds"
+    pqloader.write_dataset(pa.table({"x": list(range(400))}), root, rows_per_file=100)
+    fs = fsspec.filesystem("memory")
+    for path in root.iterdir():
+        fs.pipe(f"/inspected/{path.name}", path.read_bytes())
+    part = (root / "part-00001.parquet").read_bytes()  # damaged at its size: the manifest
+    fs.pipe("/inspected/part-00001.parquet", part[:-4] + b"XXXX")  # holds, no footer read
+    facts = inspect_dataset("memory://inspected/", skip_bad_files=True)
+    assert [Path(s["path"]).name for s in facts["skipped"]] == ["part-00001.parquet"]
+    assert facts["num_rows"] == 300
+    fs.pipe("/inspected/part-00001.parquet", part)
+    real = discover.remote_footer
+
+    def flaky(store: Any, cache: Any, info: Any) -> Any:
+        if "00002" in str(info):
+            raise pqloader.RemoteIOError("part-00002.parquet: 503 SlowDown after 8 retries")
+        return real(store, cache, info)
+
+    monkeypatch.setattr(discover, "remote_footer", flaky)
+    with pytest.raises(pqloader.RemoteIOError, match="SlowDown"):
+        inspect_dataset("memory://inspected/", skip_bad_files=True)
