@@ -348,8 +348,18 @@ def late_key(source: str, after: int, names: list[str]) -> tuple[int, str] | Non
     """The first row past the first ``after`` rows of a JSON Lines ``source`` with a key not
     in ``names``, and that key (read again line by line: only for the error's message)."""
     known = set(names)
+    for row, record in _records_after(source, after):
+        extra = [k for k in record if k not in known]
+        if extra:
+            return row, extra[0]
+    return None
+
+
+def _records_after(source: str, after: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The objects of a JSON Lines ``source`` past its first ``after`` rows, each with its row
+    (from 1), read again line by line for an error's message; up to a line that is no JSON."""
     row = 0
-    with open(source, encoding="utf-8") as f:
+    with open(source, encoding="utf-8", errors="replace") as f:
         for line in f:
             if not line.strip():
                 continue
@@ -359,11 +369,9 @@ def late_key(source: str, after: int, names: list[str]) -> tuple[int, str] | Non
             try:
                 record = json.loads(line)
             except ValueError:
-                return None
-            extra = [k for k in record if k not in known] if isinstance(record, dict) else []
-            if extra:
-                return row, extra[0]
-    return None
+                return
+            if isinstance(record, dict):
+                yield row, record
 
 
 def unfit_failure(source: str, after: int, said: str, typed: dict[str, pa.DataType],
@@ -377,27 +385,16 @@ def unfit_failure(source: str, after: int, said: str, typed: dict[str, pa.DataTy
     if m is None or not os.path.isfile(source):
         return None
     keys = {k for k, t in (types or typed).items() if str(t) == m[1]} or None
-    row = 0
-    with open(source, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
+    for row, record in _records_after(source, after):
+        for key, value in record.items():
+            if (keys is not None and key not in keys) or \
+                    (value if isinstance(value, str) else json.dumps(value)) != m[2]:
                 continue
-            row += 1
-            if row <= after:
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                return None
-            for key, value in record.items() if isinstance(record, dict) else ():
-                if (keys is not None and key not in keys) or \
-                        (value if isinstance(value, str) else json.dumps(value)) != m[2]:
-                    continue
-                why = f"--column-type {key}={typed[key]} does not fit it" if key in typed \
-                    else f"its type was guessed from the first {_BLOCK >> 20} MiB"
-                return CommandFailure(f"{source}: row {row:,} (from 1), key {key!r}: {said}; "
-                                      f"{why}: pass --column-type {key}=TYPE that fits every "
-                                      "value (float64, string...)")
+            why = f"--column-type {key}={typed[key]} does not fit it" if key in typed \
+                else f"its type was guessed from the first {_BLOCK >> 20} MiB"
+            return CommandFailure(f"{source}: row {row:,} (from 1), key {key!r}: {said}; "
+                                  f"{why}: pass --column-type {key}=TYPE that fits every "
+                                  "value (float64, string...)")
     return None
 
 
