@@ -119,10 +119,10 @@ def _nan_false(value: Any, schema: pa.Schema) -> bool:
     NaN its float columns hold: each of its tests of a float column a comparison, or ``in`` a
     set without NaN. Min/max statistics leave NaN out, so only such a filter may prune row
     groups by them (:func:`pqloader._kept._may_match`). An expression is not looked into.
-    Nor may a float set holding a zero: statistics write a row group of zeros as min -0.0,
-    max +0.0, which pyarrow takes for -0.0 alone, and its ``is_in`` tells the zeros apart by
-    their bits, so ``in {0.0}`` ruled the row group out (its rows were lost: found by a
-    filter fuzzer; pyarrow's own ``read_table(filters=)`` loses them too)."""
+    Nor may a set holding a zero (of ints too, cast to the floats): statistics write a row
+    group of zeros as min -0.0, max +0.0, which pyarrow takes for -0.0 alone, and its
+    ``is_in`` tells the zeros apart by their bits, so ``in {0.0}`` ruled the row group out
+    (its rows were lost: found by a filter fuzzer; pyarrow's ``read_table(filters=)`` too)."""
     if isinstance(value, pc.Expression):
         return False
     groups = value if isinstance(value[0], Sequence) and not isinstance(value[0], str) and \

@@ -2,9 +2,9 @@
 reading the guessed columns again as text, alongside: leading zeros and hexadecimal in a
 column guessed integer ("01234" became 1234, "0x00FF00" 65280), leading zeros and numbers
 past float64's range in one guessed float ("+4420...", "0207..." lost the zero; "1e400"
-became inf), and times that name a zone
-offset in a JSON column guessed timestamp (pyarrow's JSON reader turns them into UTC and drops
-the zone, and leaves times without one as they are: two clocks in one column).
+became inf), and times that name a zone offset in a JSON column guessed timestamp
+(pyarrow's JSON reader turns them into UTC and drops the zone, and leaves times without one
+as they are: two clocks in one column).
 
 The first block is checked before any row is written; each later one as its rows go by.
 """
