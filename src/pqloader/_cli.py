@@ -147,10 +147,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                    progress=False if args.no_progress else None,
                    batch_size=args.batch_size, shuffle=not args.no_shuffle, seed=args.seed,
                    num_workers=args.num_workers, worker_type=args.worker_type,
-                   device=args.device)
+                   device=args.device, **({} if args.prefetch_factor is None else
+                                          {"prefetch_factor": args.prefetch_factor}))
     if args.json:  # with the settings the text shows (they were left out: found in review)
         print(json.dumps({**result.as_dict(), "batch_size": args.batch_size,
                           "num_workers": args.num_workers, "worker_type": args.worker_type,
+                          "prefetch_factor": args.prefetch_factor,
                           "shuffle": not args.no_shuffle, "device": args.device}))
     else:
         epochs = f" over {result.epochs} epochs" if result.epochs > 1 else ""
@@ -315,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a number, or 'auto' (tuned while it runs: measure a few epochs' "
                     "worth, --max-batches, to see it settled)")
     be.add_argument("--worker-type", choices=("thread", "process"), default="thread")
+    be.add_argument("--prefetch-factor", type=_positive_int, metavar="N",
+                    help="batches each worker makes ahead, as tune tries them (default: 2)")
     be.add_argument("--device", metavar="DEV",
                     help="deliver batches to this CUDA device (e.g. cuda), as DataLoader(device=)")
     be.add_argument("--no-shuffle", action="store_true", help="read in file order")

@@ -726,6 +726,12 @@ def test_bench_measures_an_epoch(make_dataset, capsys) -> None:
     # the settings the text shows (left out before: found in review)
     assert (result["batch_size"], result["shuffle"], result["device"]) == (100, True, None)
     assert "num_workers" in result and result["worker_type"] == "thread"
+    # a prefetch depth tune chose can be measured again (there was no option: found by a
+    # CLI fuzzer)
+    code, out, _ = run(capsys, "bench", path, "--batch-size", "100", "--json", "--no-progress",
+                       "--prefetch-factor", "4")
+    assert code == 0 and json.loads(out)["prefetch_factor"] == 4
+    assert run(capsys, "bench", path, "--prefetch-factor", "0", "--no-progress")[0] == 2
 
 
 def test_bench_batches_of_heavy_rows_default_to_64_mib(tmp_path, capsys) -> None:
