@@ -50,11 +50,14 @@ def scan(folder: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
 _HEX = frozenset("0123456789abcdef")
 
 
+def is_entry_folder(sub: os.DirEntry[str]) -> bool:
+    """``sub`` is a folder of entries (``ab/``: two hex digits)."""
+    return len(sub.name) == 2 and set(sub.name) <= _HEX and sub.is_dir(follow_symlinks=False)
+
+
 def entry_folders(root: Path) -> Iterator[os.DirEntry[str]]:
-    """The folders of entries under a layout's folder ``root`` (``ab/``: two hex digits)."""
-    for sub in scan(root):
-        if len(sub.name) == 2 and set(sub.name) <= _HEX and sub.is_dir(follow_symlinks=False):
-            yield sub
+    """The folders of entries under a layout's folder ``root``."""
+    return (sub for sub in scan(root) if is_entry_folder(sub))
 
 
 TEMPORARY = re.compile(r"\.tmp-[0-9]+-[0-9a-f]{32}")  # what a put writes first

@@ -79,13 +79,15 @@ class Pass(Iterator[T]):
     other batches never delivered, without a word (found by fuzzing: 0 of 2,400 rows). Raised
     again and again instead, such a loop would never end."""
 
-    def __init__(self, batches: Generator[T, None, None], yielded: Callable[[], int],
+    def __init__(self, batches: Generator[T, None, None], yielded: Callable[[], int] | None,
                  resume: str = "Iterate the loader again to start the epoch over, or load "
                  "its state_dict() (it counts the batches delivered) to go on from the failed "
-                 "one") -> None:
+                 "one", *, before: int = 0) -> None:
+        """``yielded``: the batches of the epoch delivered (None: ``before`` and this pass's)."""
         self._batches = batches
         self._yielded = yielded
         self._resume = resume
+        self._given = before
         self._failed: str | None = None  # the error, told (held, it held this pass's frame:
         # a cycle that kept the loader and its workers until a garbage collection)
 
@@ -97,10 +99,13 @@ class Pass(Iterator[T]):
             self._failed = None
             raise IncompleteEpochError(
                 f"this pass ended at an error ({failed}) after "
-                f"{self._yielded():,} batches of its epoch; the others were not delivered. "
+                f"{self._given if self._yielded is None else self._yielded():,} batches of "
+                "its epoch; the others were not delivered. "
                 f"{self._resume}")
         try:
-            return next(self._batches)
+            batch = next(self._batches)
+            self._given += 1
+            return batch
         except StopIteration:
             raise
         except Exception as exc:

@@ -7,7 +7,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from ._cache_files import TEMPORARY, is_entry_name
+from ._cache_files import TEMPORARY, is_entry_folder, is_entry_name
 
 
 def old_layouts(directory: Path, current: str) -> dict[str, int]:
@@ -26,8 +26,6 @@ def _is_layout(name: str) -> bool:
     return len(name) > 1 and name[0] == "v" and name[1:].isdigit()
 
 
-_HEX = frozenset("0123456789abcdef")
-
 
 def _holds_entries_only(root: Path) -> bool:
     """True when ``root`` holds nothing but what a cache layout writes (``ab/<sha256>.pqc``,
@@ -36,8 +34,7 @@ def _holds_entries_only(root: Path) -> bool:
     for sub in os.scandir(root):
         if sub.name == ".lock" and sub.is_file(follow_symlinks=False):
             continue
-        if not (len(sub.name) == 2 and set(sub.name) <= _HEX
-                and sub.is_dir(follow_symlinks=False)):
+        if not is_entry_folder(sub):
             return False
         for entry in os.scandir(sub.path):  # (a user's abstract.pqc or .tmp-notes passed
             # for entries, and clear deleted the folder: found in review)

@@ -39,6 +39,11 @@ def is_hidden(name: str) -> bool:
 def _walk(root: Path) -> list[Path]:
     """Data files below ``root``, folders that are symbolic links included (a dataset
     assembled from links to runs' outputs); a link back up the tree is followed once."""
+    return _each_once(_walked(root))
+
+
+def _walked(root: Path) -> list[str]:
+    """:func:`_walk`'s files, before those that are another's link are left out."""
     found: list[str] = []
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(root, onerror=_unlisted, followlinks=True):
@@ -51,7 +56,7 @@ def _walk(root: Path) -> list[Path]:
             raise incomplete_error(dirpath)
         dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
         found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if not is_hidden(f))
-    return _each_once(found)
+    return found
 
 
 def _unlisted(exc: OSError) -> None:
@@ -146,7 +151,7 @@ def _glob(pattern: str) -> list[Path]:
         if any(is_hidden(part) for part in below if part):
             continue
         if os.path.isdir(match):  # Spark's "out/b.parquet/" is a folder of files (its rows
-            out.extend(map(str, _walk(Path(match))))  # were left out: found in review)
+            out.extend(_walked(Path(match)))  # were left out: found in review)
         else:  # a file; a broken link, a pipe...: refused as they are in a folder, not dropped
             out.append(match)
     _listed(pattern, fixed)

@@ -349,24 +349,17 @@ class TorchIterable(torch.utils.data.IterableDataset[Any]):
         next ``next`` raises :class:`IncompleteEpochError`, as a pqloader DataLoader's pass
         does (a generator's plain end had torch end the epoch short without a word: found by
         fuzzing; with torch's workers, the others' batches still come)."""
-        given, start = [0], self._cursor.get()[1]
         worker = torch.utils.data.get_worker_info() is not None
-
-        def counted() -> Generator[Any, None, None]:
-            for batch in self._pass():
-                yield batch
-                given[0] += 1
-
-        return Pass(counted(), lambda: given[0] if worker else start + given[0], (
+        return Pass(self._pass(), None, (
             # torch's other workers go on: their batches came out of turn, so no start=k
             # resumes (following that lost 8 rows and repeated 8: found in review)
             "(That count is this torch worker's; the others went on.) Iterate again to start "
             "the epoch over, or use pqloader.DataLoader, whose state_dict() goes on from a "
             "failed batch" if worker else "Call set_epoch(epoch, start=k), k the batches "
             "your loop received, to go on from the failed one, or iterate again to start the "
-            "epoch over"))
+            "epoch over"), before=0 if worker else self._cursor.get()[1])
 
-    def _pass(self) -> Iterator[Any]:
+    def _pass(self) -> Generator[Any, None, None]:
         check_world(self._planner.config.world, "dataset (ds.to_torch())")
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
